@@ -1,0 +1,129 @@
+// `serval generate`: stream a completion to stdout, timings to stderr.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.h"
+#include "base/error.h"
+#include "base/utf8.h"
+#include "model/session.h"
+#include "sampling/sampler.h"
+
+namespace serval::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model, prompt, prompt_file, tokenizer;
+  int n_predict = 128, ctx = 0, threads = 0;
+  bool no_bos = false, json = false, ignore_eos = false, special = false;
+  SamplingParams sampling;
+  std::vector<std::string> logit_bias;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void parse_logit_bias(const std::vector<std::string>& items, SamplingParams& s) {
+  for (const auto& item : items) {  // "ID+BIAS" or "ID-BIAS" or "ID=BIAS", as llama.cpp's --logit-bias
+    const auto sep = item.find_first_of("+-=", 1);
+    check(sep != std::string::npos, "--logit-bias expects TOKEN_ID(+|-|=)BIAS, got '{}'", item);
+    try {
+      const int32_t id = std::stoi(item.substr(0, sep));
+      float bias = std::stof(item.substr(sep + (item[sep] == '=' ? 1 : 0)));
+      s.logit_bias.emplace_back(id, bias);
+    } catch (const std::exception&) {
+      fail("--logit-bias expects TOKEN_ID(+|-|=)BIAS, got '{}'", item);
+    }
+  }
+}
+
+void run_generate(GenerateOptions& o) {
+  set_threads(o.threads);
+  if (!o.prompt_file.empty()) {
+    FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
+    check(f != nullptr, "{}: cannot open prompt file", o.prompt_file);
+    char buf[65536];
+    o.prompt.clear();
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) o.prompt.append(buf, n);
+    std::fclose(f);
+  }
+  const auto t_load = Clock::now();
+  auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
+  const double load_s = seconds_since(t_load);
+  const auto& tok = model->tokenizer();
+  parse_logit_bias(o.logit_bias, o.sampling);
+  o.sampling.validate(tok.n_vocab());
+  check(o.n_predict >= 0, "-n must be >= 0");
+  std::vector<int32_t> prompt = tok.encode(o.prompt, !o.no_bos, o.special);
+  check(!prompt.empty(), "the prompt is empty (nothing to condition on; drop --no-bos or give text)");
+  const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model->config().n_ctx_train, prompt.size() + o.n_predict);
+  check(int64_t(prompt.size()) < n_ctx, "prompt of {} tokens does not fit the context of {}", prompt.size(), n_ctx);
+  SingleSequence seq(*model, n_ctx);
+  Sampler sampler(o.sampling);
+  std::vector<int32_t> history = prompt;
+  Utf8StreamDecoder utf8;
+  if (!o.json) fmt::print("{}", o.prompt), std::fflush(stdout);
+
+  const auto t0 = Clock::now();
+  std::vector<float> logits = seq.eval(prompt);
+  double ttft = 0;
+  int n_gen = 0;
+  const auto n_vocab = tok.n_vocab();
+  for (; n_gen < o.n_predict; ++n_gen) {
+    const auto r = sampler.sample(std::span(logits).last(n_vocab), history);
+    if (n_gen == 0) ttft = seconds_since(t0);
+    const std::string piece = tok.token_to_piece(r.token);
+    if (o.json) {
+      nlohmann::json j{{"id", r.token}, {"text", piece}, {"logprob", r.logprob}};
+      for (const auto& t : r.top) j["top"].push_back({{"id", t.id}, {"logprob", t.logprob}});
+      fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    } else {
+      fmt::print("{}", utf8.push(piece));
+    }
+    std::fflush(stdout);
+    history.push_back(r.token);
+    if (!o.ignore_eos && tok.is_end_of_generation(r.token)) { ++n_gen; break; }
+    if (seq.n_past() >= n_ctx) { ++n_gen; break; }
+    logits = seq.eval(std::span(&r.token, 1));
+  }
+  const double total = seconds_since(t0);
+  if (!o.json) fmt::print("{}\n", utf8.flush());
+  const double tpot = n_gen > 1 ? (total - ttft) / (n_gen - 1) : 0;
+  fmt::print(stderr, "\nload {:.2f} s | prompt {} tokens | generated {} tokens | TTFT {:.1f} ms | TPOT {:.1f} ms | "
+             "{:.2f} tokens/s\n", load_s, prompt.size(), n_gen, ttft * 1e3, tpot * 1e3, tpot > 0 ? 1.0 / tpot : 0.0);
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Complete a prompt, streaming text to stdout");
+  auto o = std::make_shared<GenerateOptions>();
+  auto& s = o->sampling;
+  cmd->add_option("-m,--model", o->model, "GGUF file, safetensors directory or cached model name")->required();
+  cmd->add_option("-p,--prompt", o->prompt, "prompt text");
+  cmd->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
+  cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate (default 128)");
+  cmd->add_option("-c,--ctx-size", o->ctx, "context size (default: prompt + n, at most the trained context)");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: all cores)");
+  cmd->add_option("--temp", s.temperature, "temperature; 0 = greedy (default 0.8)");
+  cmd->add_option("--top-k", s.top_k, "top-k, 0 = off (default 40)");
+  cmd->add_option("--top-p", s.top_p, "top-p, 1 = off (default 0.95)");
+  cmd->add_option("--min-p", s.min_p, "min-p, 0 = off (default 0.05)");
+  cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty, 1 = off (default 1)");
+  cmd->add_option("--repeat-last-n", s.repeat_last_n, "tokens the penalties look back over (default 64, -1 = all)");
+  cmd->add_option("--presence-penalty", s.presence_penalty, "presence penalty (default 0)");
+  cmd->add_option("--frequency-penalty", s.frequency_penalty, "frequency penalty (default 0)");
+  cmd->add_option("--logit-bias", o->logit_bias, "TOKEN_ID(+|-)BIAS, repeatable");
+  cmd->add_option("-s,--seed", s.seed, "random seed (same seed, same output)");
+  cmd->add_option("--logprobs", s.n_logprobs, "report the top N log-probabilities per token (with --json)");
+  cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
+  cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
+  cmd->add_flag("--parse-special", o->special, "turn special-token text in the prompt into its id");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
+  cmd->add_flag("--json", o->json, "print one JSON object per generated token (id, text, logprob, top)");
+  cmd->callback([o] { run_generate(*o); });
+}
+
+}  // namespace serval::cli

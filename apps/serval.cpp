@@ -1,0 +1,55 @@
+// `serval`: the command-line entry point. Every error is reported as one clear line, exit code 1.
+#include <omp.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "base/error.h"
+
+namespace serval::cli {
+
+std::string model_cache_dir() {
+  if (const char* env = std::getenv("SERVAL_MODEL_CACHE"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/serval/models";
+}
+
+std::string resolve_model_path(const std::string& name) {
+  if (std::filesystem::exists(name)) return name;
+  const std::string cached = model_cache_dir() + "/" + name + ".gguf";
+  if (std::filesystem::exists(cached)) return cached;
+  fail("{}: no such file, and no model of that name in {} (try `serval pull {}`)", name, model_cache_dir(), name);
+}
+
+void set_threads(int n) {
+  if (n > 0) omp_set_num_threads(n);
+}
+
+}  // namespace serval::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"Serval: an LLM inference server"};
+  app.require_subcommand(1);
+  serval::cli::add_info(app);
+  serval::cli::add_generate(app);
+  serval::cli::add_perplexity(app);
+  serval::cli::add_tokenize(app);
+  serval::cli::add_pull(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const serval::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of memory\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

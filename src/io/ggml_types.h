@@ -1,0 +1,31 @@
+// Tensor element types as GGUF numbers them, with their block geometry.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace serval {
+
+enum class DType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+
+struct DTypeInfo {
+  DType type;
+  std::string_view name;
+  size_t block_elems;  // elements per block
+  size_t block_bytes;  // bytes per block
+};
+
+// Geometry of a supported type, or nullopt for a type number Serval does not support.
+std::optional<DTypeInfo> dtype_info(uint32_t type_id);
+// Geometry of a supported type.
+const DTypeInfo& dtype_info(DType type);
+// Human name of a GGUF type number, including ones Serval does not support ("IQ2_XXS", "type 99").
+std::string dtype_name(uint32_t type_id);
+// Bytes of one row of `n` elements; throws when n is not a multiple of the block size.
+size_t row_bytes(DType type, size_t n);
+
+}  // namespace serval

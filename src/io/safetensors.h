@@ -1,0 +1,28 @@
+// safetensors reader over mmap: a JSON header of tensor names, dtypes, shapes and byte ranges.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/mapped_file.h"
+#include "io/tensor_ref.h"
+
+namespace serval {
+
+class SafetensorsFile {
+ public:
+  // Opens and validates `path`; throws Error naming the file and the problem.
+  explicit SafetensorsFile(const std::string& path);
+
+  const std::vector<TensorRef>& tensors() const { return tensors_; }
+  const TensorRef* find_tensor(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::unique_ptr<MappedFile> file_;
+  std::vector<TensorRef> tensors_;
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace serval

@@ -1,0 +1,108 @@
+// Fast CPU ops: row-blocked dequantization, SIMD dot products (vectorized by the compiler for the
+// build machine's ISA), OpenMP threads over output rows.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "tensor/dequant.h"
+
+namespace serval {
+namespace cpu {
+
+// 16 independent partial sums in a fixed order, then a fixed pairwise reduction: the result
+// depends only on the two vectors, never on the batch around them.
+float dot(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
+}
+
+void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  constexpr int64_t kRowsPerTile = 4;
+  const int64_t n_tiles = (w.rows + kRowsPerTile - 1) / kRowsPerTile;
+  const bool direct = w.type == DType::F32;
+#pragma omp parallel
+  {
+    std::vector<float> buf(direct ? 0 : kRowsPerTile * w.cols);
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int64_t r0 = tile * kRowsPerTile, r1 = std::min(w.rows, r0 + kRowsPerTile);
+      const float* rows[kRowsPerTile];
+      for (int64_t r = r0; r < r1; ++r) {
+        if (direct) {
+          rows[r - r0] = reinterpret_cast<const float*>(w.data + r * w.row_stride);
+        } else {
+          dequantize_row(w.type, w.data + r * w.row_stride, buf.data() + (r - r0) * w.cols, w.cols);
+          rows[r - r0] = buf.data() + (r - r0) * w.cols;
+        }
+      }
+      for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t r = r0; r < r1; ++r) y[t * w.rows + r] = dot(rows[r - r0], x + t * w.cols, w.cols);
+    }
+  }
+}
+
+void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
+  const int group = s.n_head / s.n_head_kv;
+  std::vector<float> p(slots.size());
+  for (int h = 0; h < s.n_head; ++h) {
+    const int g = h / group;
+    const float* qh = q + h * s.d_head;
+    float mx = -INFINITY;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      p[j] = dot(qh, kv.k + slots[j] * kv.kv_dim + g * s.d_head, s.d_head) * s.scale;
+      mx = std::max(mx, p[j]);
+    }
+    float sum = 0;
+    for (auto& v : p) sum += (v = std::exp(v - mx));
+    const float inv = 1.0f / sum;
+    float* o = out + h * s.d_head;
+    std::fill(o, o + s.d_head, 0.0f);
+    for (size_t j = 0; j < slots.size(); ++j) {
+      const float* v = kv.v + slots[j] * kv.kv_dim + g * s.d_head;
+      const float pj = p[j] * inv;
+#pragma omp simd
+      for (int d = 0; d < s.d_head; ++d) o[d] += pj * v[d];
+    }
+  }
+}
+
+}  // namespace cpu
+
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  const float scale = float(1.0 / std::sqrt(ss / double(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - mx));
+  for (int64_t i = 0; i < n; ++i) x[i] = float(x[i] / sum);
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+
+void get_row(const WeightMatrix& w, int64_t row, float* out) {
+  dequantize_row(w.type, w.data + row * w.row_stride, out, w.cols);
+}
+
+}  // namespace serval

@@ -1,0 +1,62 @@
+// Backend-neutral op signatures: the only kernel header model/ sees.
+// Every op here has a scalar reference in ref/ (the test oracle) and a fast CPU version in cpu/.
+// Batch invariance: each output row is computed in a fixed order that does not depend on how many
+// rows (tokens) are in the call.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "io/ggml_types.h"
+
+namespace serval {
+
+// A weight matrix of `rows` x `cols` in any supported type; each row is `cols` contiguous elements.
+struct WeightMatrix {
+  DType type = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;
+  size_t row_stride = 0;  // bytes between rows
+  bool empty() const { return data == nullptr; }
+};
+
+// Keys and values of one layer for attention: pools of `kv_dim` floats per slot.
+struct KvLayerView {
+  const float* k = nullptr;  // [n_slots, kv_dim]
+  const float* v = nullptr;  // [n_slots, kv_dim]
+  int64_t kv_dim = 0;
+};
+
+struct AttentionShape {
+  int n_head = 0;
+  int n_head_kv = 0;
+  int d_head = 0;
+  float scale = 1.0f;
+};
+
+namespace ref {
+// y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tok (reference: dequantize then sequential sum).
+void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
+// Attention of one query token over the keys in `slots` (in position order).
+void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out);
+}  // namespace ref
+
+namespace cpu {
+// Same contract as ref::matmul; SIMD and threaded.
+void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
+// Same contract as ref::attention.
+void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out);
+// Fixed-order dot product of two float vectors.
+float dot(const float* a, const float* b, int64_t n);
+}  // namespace cpu
+
+// Small elementwise ops, one implementation (they are their own reference).
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
+void softmax_inplace(float* x, int64_t n);
+float silu(float x);
+float gelu_tanh(float x);
+// Copies row `row` of `w` into `out` as floats.
+void get_row(const WeightMatrix& w, int64_t row, float* out);
+
+}  // namespace serval

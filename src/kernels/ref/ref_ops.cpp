@@ -1,0 +1,46 @@
+// Scalar reference ops: slow and obvious; the oracle for every other backend.
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "tensor/dequant.h"
+
+namespace serval::ref {
+
+void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    dequantize_row(w.type, w.data + r * w.row_stride, row.data(), w.cols);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      double acc = 0;
+      for (int64_t c = 0; c < w.cols; ++c) acc += double(row[c]) * x[t * w.cols + c];
+      y[t * w.rows + r] = float(acc);
+    }
+  }
+}
+
+void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
+  const int group = s.n_head / s.n_head_kv;
+  std::vector<double> p(slots.size());
+  for (int h = 0; h < s.n_head; ++h) {
+    const int g = h / group;
+    const float* qh = q + h * s.d_head;
+    double mx = -INFINITY;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      const float* k = kv.k + slots[j] * kv.kv_dim + g * s.d_head;
+      double acc = 0;
+      for (int d = 0; d < s.d_head; ++d) acc += double(qh[d]) * k[d];
+      p[j] = acc * s.scale;
+      mx = std::max(mx, p[j]);
+    }
+    double sum = 0;
+    for (auto& v : p) sum += (v = std::exp(v - mx));
+    for (int d = 0; d < s.d_head; ++d) {
+      double acc = 0;
+      for (size_t j = 0; j < slots.size(); ++j) acc += p[j] * kv.v[slots[j] * kv.kv_dim + g * s.d_head + d];
+      out[h * s.d_head + d] = float(acc / sum);
+    }
+  }
+}
+
+}  // namespace serval::ref

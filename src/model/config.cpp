@@ -1,0 +1,108 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "io/gguf.h"
+
+namespace serval {
+
+void ModelConfig::validate(const std::string& src) const {
+  check(n_embd > 0 && n_layer > 0 && n_head > 0 && n_head_kv > 0 && d_head > 0 && n_ff > 0 && n_vocab > 0,
+        "{}: hyperparameters must be positive (n_embd {}, n_layer {}, n_head {}, n_head_kv {}, d_head {}, n_ff {}, "
+        "n_vocab {})", src, n_embd, n_layer, n_head, n_head_kv, d_head, n_ff, n_vocab);
+  check(n_layer <= 1024 && n_head <= 4096 && d_head <= 4096 && n_embd <= (1 << 20) && n_ff <= (1 << 22),
+        "{}: hyperparameters are absurdly large", src);
+  check(n_head % n_head_kv == 0, "{}: n_head {} is not a multiple of n_head_kv {}", src, n_head, n_head_kv);
+  check(d_head % 2 == 0, "{}: head dimension {} must be even for RoPE", src, d_head);
+  check(std::isfinite(norm_eps) && norm_eps > 0 && std::isfinite(rope_base) && rope_base > 0,
+        "{}: bad norm epsilon or RoPE base", src);
+  check(static_cast<int64_t>(layer_is_swa.size()) == n_layer, "{}: internal: sliding-window flags", src);
+}
+
+ModelConfig config_from_gguf(const GgufFile& g) {
+  ModelConfig c;
+  c.arch = g.get_string("general.architecture");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3")
+    fail("{}: unsupported architecture '{}' (supported: llama, qwen2, gemma3)", g.path(), c.arch);
+  const std::string a = c.arch + ".";
+  c.n_embd = g.get_int(a + "embedding_length");
+  c.n_layer = g.get_int(a + "block_count");
+  c.n_head = g.get_int(a + "attention.head_count");
+  c.n_head_kv = g.find_int(a + "attention.head_count_kv").value_or(c.n_head);
+  c.n_ff = g.get_int(a + "feed_forward_length");
+  c.n_ctx_train = g.find_int(a + "context_length").value_or(2048);
+  c.d_head = g.find_int(a + "attention.key_length").value_or(c.n_head > 0 ? c.n_embd / c.n_head : 0);
+  if (auto vl = g.find_int(a + "attention.value_length"))
+    check(*vl == c.d_head, "{}: value_length {} differs from key_length {} (unsupported)", g.path(), *vl, c.d_head);
+  c.norm_eps = static_cast<float>(g.find_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.rope_base = static_cast<float>(g.find_float(a + "rope.freq_base").value_or(10000.0));
+  c.n_vocab = static_cast<int64_t>(g.get_array("tokenizer.ggml.tokens").size());
+  if (auto type = g.find_string(a + "rope.scaling.type"); type && *type != "none") {
+    check(*type == "linear", "{}: unsupported RoPE scaling '{}' (linear is supported)", g.path(), *type);
+    c.rope_linear_scale = static_cast<float>(g.get_float(a + "rope.scaling.factor"));
+  } else if (auto f = g.find_float(a + "rope.scaling.factor"); f && *f > 0) {
+    c.rope_linear_scale = static_cast<float>(*f);
+  }
+  c.layer_is_swa.assign(std::max<int64_t>(c.n_layer, 0), 0);
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
+  if (c.arch == "qwen2") c.rope_style = RopeStyle::Neox;
+  if (c.arch == "gemma3") {
+    c.rope_style = RopeStyle::Neox;
+    c.ffn_act = FfnActivation::GeluTanh;
+    c.qk_norm = c.post_norms = true;
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
+    c.rope_base_swa = static_cast<float>(g.find_float(a + "rope.freq_base_swa").value_or(10000.0));
+    const int64_t pattern = 6;  // five sliding-window layers, then one global layer
+    for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0 && il % pattern < pattern - 1;
+  }
+  c.validate(g.path());
+  return c;
+}
+
+ModelConfig config_from_hf(const std::string& path) {
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  ModelConfig c;
+  try {
+    const std::string type = j.value("model_type", "");
+    check(type == "llama" || type == "qwen2", "{}: unsupported model_type '{}' (llama, qwen2)", path, type);
+    c.arch = type;
+    c.n_embd = j.at("hidden_size");
+    c.n_layer = j.at("num_hidden_layers");
+    c.n_head = j.at("num_attention_heads");
+    c.n_head_kv = j.value("num_key_value_heads", c.n_head);
+    c.n_ff = j.at("intermediate_size");
+    c.n_vocab = j.at("vocab_size");
+    c.n_ctx_train = j.value("max_position_embeddings", 2048);
+    c.d_head = j.contains("head_dim") && j["head_dim"].is_number() ? j["head_dim"].get<int64_t>()
+                                                                    : (c.n_head > 0 ? c.n_embd / c.n_head : 0);
+    c.norm_eps = j.value("rms_norm_eps", 1e-6f);
+    c.rope_base = j.value("rope_theta", 10000.0f);
+    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+      const auto& rs = j["rope_scaling"];
+      const std::string kind = rs.value("rope_type", rs.value("type", ""));
+      check(kind == "linear", "{}: unsupported rope_scaling '{}'", path, kind);
+      c.rope_linear_scale = rs.at("factor");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: missing or mistyped field: {}", path, e.what());
+  }
+  // Hugging Face keeps Q/K in rotate-half order; GGUF conversion permutes them to interleaved pairs.
+  c.rope_style = RopeStyle::Neox;
+  c.layer_is_swa.assign(std::max<int64_t>(c.n_layer, 0), 0);
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
+  c.validate(path);
+  return c;
+}
+
+}  // namespace serval

@@ -1,0 +1,50 @@
+// Model hyperparameters, read from GGUF keys or a Hugging Face config.json, and validated.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace serval {
+
+class GgufFile;
+
+enum class RopeStyle { Interleaved /* pairs (2i, 2i+1): GGUF llama */, Neox /* pairs (i, i+d/2) */ };
+enum class FfnActivation { Silu, GeluTanh };
+
+struct ModelConfig {
+  std::string arch;  // llama, qwen2, gemma3
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t d_head = 0;
+  int64_t n_ff = 0;
+  float norm_eps = 1e-5f;
+  RopeStyle rope_style = RopeStyle::Interleaved;
+  float rope_base = 10000.0f;
+  float rope_base_swa = 10000.0f;  // base of sliding-window layers (Gemma 3)
+  float rope_linear_scale = 1.0f;  // positions are divided by this (linear RoPE scaling)
+  int64_t sliding_window = 0;      // 0: none
+  std::vector<uint8_t> layer_is_swa;
+  float attn_scale = 1.0f;
+  float embd_scale = 1.0f;
+  FfnActivation ffn_act = FfnActivation::Silu;
+  bool qk_norm = false;     // per-head RMSNorm of Q and K (Gemma 3)
+  bool post_norms = false;  // RMSNorm after attention and after the FFN (Gemma 3)
+
+  int64_t q_dim() const { return n_head * d_head; }
+  int64_t kv_dim() const { return n_head_kv * d_head; }
+  // KV bytes per token: 2 x n_layers x n_kv_heads x d_head x dtype_bytes.
+  int64_t kv_bytes_per_token(int64_t dtype_bytes) const { return 2 * n_layer * n_head_kv * d_head * dtype_bytes; }
+  // Throws Error when the hyperparameters are inconsistent.
+  void validate(const std::string& source) const;
+};
+
+// Reads `{arch}.*` keys; throws Error for an unsupported architecture or missing keys.
+ModelConfig config_from_gguf(const GgufFile& gguf);
+// Reads a Hugging Face config.json (LlamaForCausalLM / Qwen2ForCausalLM).
+ModelConfig config_from_hf(const std::string& config_json_path);
+
+}  // namespace serval

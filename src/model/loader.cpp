@@ -1,0 +1,95 @@
+// Model::load for GGUF files and Hugging Face safetensors layouts.
+#include <filesystem>
+#include <regex>
+
+#include "base/error.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "tokenizer/load.h"
+
+namespace serval {
+namespace {
+
+namespace fs = std::filesystem;
+
+class GgufModel : public Model {
+ public:
+  GgufModel(const std::string& path, const LoadOptions& options) : file_(path) {
+    path_ = path;
+    config_ = config_from_gguf(file_);
+    weights_ = bind_weights(config_, [this](const std::string& n) { return file_.find_tensor(n); }, path);
+    Vocab vocab = options.tokenizer_json.empty() ? vocab_from_gguf(file_) : vocab_from_tokenizer_json(options.tokenizer_json);
+    check(int64_t(vocab.tokens.size()) == config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", path,
+          vocab.tokens.size(), config_.n_vocab);
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(vocab));
+  }
+
+ private:
+  GgufFile file_;
+};
+
+// GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 layout).
+std::string hf_name(const std::string& gguf_name) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex(R"(token_embd\.weight)"), "model.embed_tokens.weight"},
+      {std::regex(R"(output_norm\.weight)"), "model.norm.weight"},
+      {std::regex(R"(output\.weight)"), "lm_head.weight"},
+      {std::regex(R"(blk\.(\d+)\.attn_norm\.(\w+))"), "model.layers.$1.input_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_q\.(\w+))"), "model.layers.$1.self_attn.q_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_k\.(\w+))"), "model.layers.$1.self_attn.k_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_v\.(\w+))"), "model.layers.$1.self_attn.v_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_output\.(\w+))"), "model.layers.$1.self_attn.o_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_norm\.(\w+))"), "model.layers.$1.post_attention_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_gate\.(\w+))"), "model.layers.$1.mlp.gate_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_up\.(\w+))"), "model.layers.$1.mlp.up_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_down\.(\w+))"), "model.layers.$1.mlp.down_proj.$2"},
+  };
+  for (const auto& [re, fmt] : rules)
+    if (std::regex_match(gguf_name, re)) return std::regex_replace(gguf_name, re, fmt);
+  return "";
+}
+
+class SafetensorsModel : public Model {
+ public:
+  SafetensorsModel(const fs::path& dir, const fs::path& weights_file, const LoadOptions& options)
+      : file_(weights_file.string()) {
+    path_ = weights_file.string();
+    config_ = config_from_hf((dir / "config.json").string());
+    auto lookup = [this](const std::string& n) -> const TensorRef* {
+      const std::string name = hf_name(n);
+      if (name.empty()) return nullptr;
+      const TensorRef* t = file_.find_tensor(name);
+      // Tied embeddings may be stored under either name.
+      if (!t && name == "model.embed_tokens.weight") t = file_.find_tensor("lm_head.weight");
+      return t;
+    };
+    weights_ = bind_weights(config_, lookup, path_);
+    const std::string tok = options.tokenizer_json.empty() ? (dir / "tokenizer.json").string() : options.tokenizer_json;
+    Vocab vocab = vocab_from_tokenizer_json(tok);
+    check(int64_t(vocab.tokens.size()) <= config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", tok,
+          vocab.tokens.size(), config_.n_vocab);
+    vocab.tokens.resize(config_.n_vocab);
+    vocab.attrs.resize(config_.n_vocab, TokenAttr::Unused);
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(vocab));
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
+  const fs::path p(path);
+  check(fs::exists(p), "{}: no such file or directory", path);
+  if (fs::is_directory(p)) {
+    const fs::path weights = p / "model.safetensors";
+    check(fs::exists(weights), "{}: directory has no model.safetensors (sharded checkpoints are not supported)", path);
+    return std::make_unique<SafetensorsModel>(p, weights, options);
+  }
+  if (p.extension() == ".safetensors") return std::make_unique<SafetensorsModel>(p.parent_path(), p, options);
+  return std::make_unique<GgufModel>(path, options);
+}
+
+}  // namespace serval

@@ -1,0 +1,150 @@
+#include "model/model.h"
+
+#include <cmath>
+
+#include "base/error.h"
+
+namespace serval {
+
+KvCache::KvCache(const ModelConfig& c, int64_t n_slots) : n_slots_(n_slots), kv_dim_(c.kv_dim()) {
+  k_.assign(c.n_layer, std::vector<float>(n_slots * kv_dim_));
+  v_.assign(c.n_layer, std::vector<float>(n_slots * kv_dim_));
+}
+
+void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits) {
+  tokens.push_back(token);
+  positions.push_back(pos);
+  seq_ids.push_back(seq);
+  slots.push_back(slot);
+  want_logits.push_back(logits);
+}
+
+namespace {
+
+// out[t] = rms_norm(in[t]) * w for each of n_tok rows of width n.
+void rms_norm_rows(const float* in, const std::vector<float>& w, float* out, int64_t n_tok, int64_t n, float eps) {
+#pragma omp parallel for schedule(static) if (n_tok > 1)
+  for (int64_t t = 0; t < n_tok; ++t) rms_norm(in + t * n, w.data(), out + t * n, n, eps);
+}
+
+void add_bias(float* y, const std::vector<float>& b, int64_t n_tok) {
+  if (b.empty()) return;
+  const int64_t n = static_cast<int64_t>(b.size());
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+}
+
+}  // namespace
+
+void Model::apply_rope(float* vec, int64_t n_heads, int32_t pos, bool swa_layer) const {
+  const auto& c = config_;
+  const int64_t d = c.d_head, half = d / 2;
+  const double base = swa_layer ? c.rope_base_swa : c.rope_base;
+  const double p = double(pos) / (swa_layer ? 1.0 : c.rope_linear_scale);
+  for (int64_t i = 0; i < half; ++i) {
+    double theta = p * std::pow(base, -2.0 * double(i) / double(d));
+    if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+    const float cs = float(std::cos(theta)), sn = float(std::sin(theta));
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* x = vec + h * d;
+      const int64_t a = c.rope_style == RopeStyle::Neox ? i : 2 * i;
+      const int64_t b = c.rope_style == RopeStyle::Neox ? i + half : 2 * i + 1;
+      const float x0 = x[a], x1 = x[b];
+      x[a] = x0 * cs - x1 * sn;
+      x[b] = x0 * sn + x1 * cs;
+    }
+  }
+}
+
+void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::vector<float>& x) const {
+  const auto& c = config_;
+  const auto& L = weights_.layers[il];
+  const int64_t n_tok = static_cast<int64_t>(batch.size());
+  const bool swa = c.layer_is_swa[il];
+  std::vector<float> h(n_tok * c.n_embd), q(n_tok * c.q_dim()), k(n_tok * c.kv_dim()), v(n_tok * c.kv_dim());
+  rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
+  cpu::matmul(L.wq, h.data(), q.data(), n_tok);
+  cpu::matmul(L.wk, h.data(), k.data(), n_tok);
+  cpu::matmul(L.wv, h.data(), v.data(), n_tok);
+  add_bias(q.data(), L.bq, n_tok);
+  add_bias(k.data(), L.bk, n_tok);
+  add_bias(v.data(), L.bv, n_tok);
+#pragma omp parallel for schedule(static) if (n_tok > 1)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    float* qt = q.data() + t * c.q_dim();
+    float* kt = k.data() + t * c.kv_dim();
+    if (c.qk_norm) {
+      for (int64_t hd = 0; hd < c.n_head; ++hd) rms_norm(qt + hd * c.d_head, L.q_norm.data(), qt + hd * c.d_head, c.d_head, c.norm_eps);
+      for (int64_t hd = 0; hd < c.n_head_kv; ++hd) rms_norm(kt + hd * c.d_head, L.k_norm.data(), kt + hd * c.d_head, c.d_head, c.norm_eps);
+    }
+    apply_rope(qt, c.n_head, batch.positions[t], swa);
+    apply_rope(kt, c.n_head_kv, batch.positions[t], swa);
+    std::copy(kt, kt + c.kv_dim(), kv.k(il) + int64_t(batch.slots[t]) * c.kv_dim());
+    std::copy(v.data() + t * c.kv_dim(), v.data() + (t + 1) * c.kv_dim(), kv.v(il) + int64_t(batch.slots[t]) * c.kv_dim());
+  }
+  std::vector<float> attn(n_tok * c.q_dim());
+  const AttentionShape shape{int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale};
+  const KvLayerView view{kv.k(il), kv.v(il), c.kv_dim()};
+#pragma omp parallel for schedule(dynamic) if (n_tok > 1)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int32_t pos = batch.positions[t];
+    const auto& table = batch.slot_tables[batch.seq_ids[t]];
+    const int64_t first = swa ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+    const std::span<const int32_t> slots(table.data() + first, pos + 1 - first);
+    cpu::attention(shape, q.data() + t * c.q_dim(), view, slots, attn.data() + t * c.q_dim());
+  }
+  std::vector<float> o(n_tok * c.n_embd);
+  cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
+  if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
+  for (int64_t i = 0; i < n_tok * c.n_embd; ++i) x[i] += o[i];
+}
+
+void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
+  const auto& c = config_;
+  const auto& L = weights_.layers[il];
+  std::vector<float> h(n_tok * c.n_embd), gate(n_tok * c.n_ff), up(n_tok * c.n_ff), down(n_tok * c.n_embd);
+  rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
+  cpu::matmul(L.w_gate, h.data(), gate.data(), n_tok);
+  cpu::matmul(L.w_up, h.data(), up.data(), n_tok);
+  const bool gelu = c.ffn_act == FfnActivation::GeluTanh;
+#pragma omp parallel for schedule(static) if (n_tok * c.n_ff > 65536)
+  for (int64_t i = 0; i < n_tok * c.n_ff; ++i) gate[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+  cpu::matmul(L.w_down, gate.data(), down.data(), n_tok);
+  if (c.post_norms) rms_norm_rows(down.data(), L.post_ffn_norm, down.data(), n_tok, c.n_embd, c.norm_eps);
+  for (int64_t i = 0; i < n_tok * c.n_embd; ++i) x[i] += down[i];
+}
+
+void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits) const {
+  const auto& c = config_;
+  const int64_t n_tok = static_cast<int64_t>(batch.size());
+  check(n_tok > 0, "forward: empty batch");
+  for (int64_t t = 0; t < n_tok; ++t) {
+    check(batch.tokens[t] >= 0 && batch.tokens[t] < c.n_vocab, "token id {} is outside the vocabulary", batch.tokens[t]);
+    check(batch.slots[t] >= 0 && batch.slots[t] < kv.n_slots(), "KV slot {} out of range", batch.slots[t]);
+    check(batch.seq_ids[t] >= 0 && batch.seq_ids[t] < int32_t(batch.slot_tables.size()), "bad sequence id");
+    check(batch.positions[t] >= 0 && batch.positions[t] < int32_t(batch.slot_tables[batch.seq_ids[t]].size()),
+          "position {} has no KV slot", batch.positions[t]);
+  }
+  std::vector<float> x(n_tok * c.n_embd);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    get_row(weights_.tok_embd, batch.tokens[t], x.data() + t * c.n_embd);
+    if (c.embd_scale != 1.0f)
+      for (int64_t i = 0; i < c.n_embd; ++i) x[t * c.n_embd + i] *= c.embd_scale;
+  }
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    attention_block(il, batch, kv, x);
+    ffn_block(il, n_tok, x);
+  }
+  std::vector<float> out_rows;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    if (!batch.want_logits[t]) continue;
+    out_rows.resize(out_rows.size() + c.n_embd);
+    rms_norm(x.data() + t * c.n_embd, weights_.output_norm.data(), out_rows.data() + out_rows.size() - c.n_embd,
+             c.n_embd, c.norm_eps);
+  }
+  const int64_t n_out = static_cast<int64_t>(out_rows.size()) / c.n_embd;
+  logits.resize(n_out * c.n_vocab);
+  if (n_out > 0) cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
+}
+
+}  // namespace serval

@@ -1,0 +1,31 @@
+// One sequence evaluated incrementally over a contiguous KV cache: the simple driver behind
+// `serval generate` and `serval perplexity` (the engine schedules many sequences over pages).
+#pragma once
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace serval {
+
+class SingleSequence {
+ public:
+  // A sequence of at most `n_ctx` tokens.
+  SingleSequence(const Model& model, int64_t n_ctx);
+
+  // Appends `tokens` (evaluated in chunks of `n_batch`); returns logits [n, n_vocab] of the last
+  // token, or of every appended token when `all_logits`. Throws Error past the context size.
+  std::vector<float> eval(std::span<const int32_t> tokens, bool all_logits = false, int64_t n_batch = 512);
+  // Forgets all tokens (the KV memory is reused).
+  void reset() { n_past_ = 0; }
+  int64_t n_past() const { return n_past_; }
+  int64_t n_ctx() const { return n_ctx_; }
+
+ private:
+  const Model& model_;
+  int64_t n_ctx_;
+  KvCache kv_;
+  int64_t n_past_ = 0;
+};
+
+}  // namespace serval

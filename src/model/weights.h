@@ -1,0 +1,40 @@
+// Model weights: matrices point into the mapped file (no copy); norm vectors and biases as floats.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/tensor_ref.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+
+namespace serval {
+
+// Finds a tensor by its GGUF name ("blk.0.attn_q.weight"), or returns nullptr.
+using TensorLookup = std::function<const TensorRef*(const std::string& gguf_name)>;
+
+struct LayerWeights {
+  std::vector<float> attn_norm;       // [n_embd]
+  WeightMatrix wq, wk, wv, wo;        // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim]
+  std::vector<float> bq, bk, bv;      // optional biases (Qwen2)
+  std::vector<float> q_norm, k_norm;  // [d_head] (Gemma 3)
+  std::vector<float> post_attn_norm;  // [n_embd] (Gemma 3)
+  std::vector<float> ffn_norm;        // [n_embd]
+  WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]
+  std::vector<float> post_ffn_norm;   // [n_embd] (Gemma 3)
+};
+
+struct ModelWeights {
+  WeightMatrix tok_embd;            // [n_vocab, n_embd]
+  std::vector<float> output_norm;   // [n_embd]
+  WeightMatrix output;              // [n_vocab, n_embd] (the embedding when tied)
+  std::vector<float> rope_freqs;    // [d_head / 2] Llama 3 frequency factors, optional
+  std::vector<LayerWeights> layers;
+  // Bytes of weight data referenced (matrices and vectors), for `serval info`.
+  uint64_t weight_bytes = 0;
+};
+
+// Binds every tensor the config needs, checking shapes; throws Error naming the tensor.
+ModelWeights bind_weights(const ModelConfig& config, const TensorLookup& lookup, const std::string& source);
+
+}  // namespace serval

@@ -1,0 +1,147 @@
+#include "tokenizer/load.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+
+namespace serval {
+namespace {
+
+TokenAttr attr_from_gguf_type(int64_t t) {
+  switch (t) {
+    case 2: return TokenAttr::Unknown;
+    case 3: return TokenAttr::Control;
+    case 4: return TokenAttr::UserDefined;
+    case 5: return TokenAttr::Unused;
+    case 6: return TokenAttr::Byte;
+    default: return TokenAttr::Normal;
+  }
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open", path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+Vocab vocab_from_gguf(const GgufFile& g) {
+  Vocab v;
+  const std::string model = g.get_string("tokenizer.ggml.model");
+  if (model == "llama") v.kind = TokenizerKind::Spm;
+  else if (model == "gpt2") v.kind = TokenizerKind::ByteLevelBpe;
+  else fail("{}: unsupported tokenizer model '{}' (llama and gpt2 are supported)", g.path(), model);
+  v.tokens = g.get_array("tokenizer.ggml.tokens").strings;
+  check(!v.tokens.empty(), "{}: tokenizer.ggml.tokens is empty or not a string array", g.path());
+  const size_t n = v.tokens.size();
+  if (g.has("tokenizer.ggml.scores")) {
+    const auto& s = g.get_array("tokenizer.ggml.scores").floats;
+    check(s.size() == n, "{}: tokenizer.ggml.scores has {} entries for {} tokens", g.path(), s.size(), n);
+    v.scores.assign(s.begin(), s.end());
+  }
+  if (g.has("tokenizer.ggml.token_type")) {
+    const auto& t = g.get_array("tokenizer.ggml.token_type").ints;
+    check(t.size() == n, "{}: tokenizer.ggml.token_type has {} entries for {} tokens", g.path(), t.size(), n);
+    for (auto x : t) v.attrs.push_back(attr_from_gguf_type(x));
+  }
+  if (v.kind == TokenizerKind::ByteLevelBpe) {
+    const auto& merges = g.get_array("tokenizer.ggml.merges").strings;
+    for (size_t i = 0; i < merges.size(); ++i) v.merge_ranks.emplace(merges[i], static_cast<int32_t>(i));
+    const std::string pre = g.find_string("tokenizer.ggml.pre").value_or("default");
+    v.pre = pre_tokenizer_from_name(pre);
+    v.ignore_merges = v.pre == PreTokenizer::Llama3;
+    v.add_space_prefix = false;
+  } else {
+    v.add_space_prefix = g.find_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+  }
+  auto id = [&](const char* key) { return static_cast<int32_t>(g.find_int(key).value_or(-1)); };
+  v.bos = id("tokenizer.ggml.bos_token_id");
+  v.eos = id("tokenizer.ggml.eos_token_id");
+  v.eot = id("tokenizer.ggml.eot_token_id");
+  v.unk = id("tokenizer.ggml.unknown_token_id");
+  v.pad = id("tokenizer.ggml.padding_token_id");
+  v.add_bos = g.find_bool("tokenizer.ggml.add_bos_token").value_or(v.kind == TokenizerKind::Spm);
+  v.add_eos = g.find_bool("tokenizer.ggml.add_eos_token").value_or(false);
+  v.chat_template = g.find_string("tokenizer.chat_template").value_or("");
+  return v;
+}
+
+Vocab vocab_from_tokenizer_json(const std::string& path) {
+  const auto j = read_json(path);
+  Vocab v;
+  try {
+    const auto& model = j.at("model");
+    check(model.value("type", "BPE") == "BPE", "{}: only BPE tokenizer.json models are supported", path);
+    const auto& vocab = model.at("vocab");
+    v.tokens.resize(vocab.size());
+    for (auto& [text, id] : vocab.items()) {
+      const auto i = id.get<int64_t>();
+      check(i >= 0 && i < static_cast<int64_t>(vocab.size()), "{}: token id {} out of range", path, i);
+      v.tokens[i] = text;
+    }
+    v.attrs.assign(v.tokens.size(), TokenAttr::Normal);
+    const auto& merges = model.at("merges");
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string m = merges[i].is_string() ? merges[i].get<std::string>()
+                                                  : merges[i][0].get<std::string>() + " " + merges[i][1].get<std::string>();
+      v.merge_ranks.emplace(m, static_cast<int32_t>(i));
+    }
+    for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+      const auto i = t.at("id").get<int64_t>();
+      if (i >= static_cast<int64_t>(v.tokens.size())) {
+        v.tokens.resize(i + 1);
+        v.attrs.resize(i + 1, TokenAttr::Unused);
+      }
+      v.tokens[i] = t.at("content").get<std::string>();
+      v.attrs[i] = t.value("special", false) ? TokenAttr::Control : TokenAttr::UserDefined;
+    }
+    const bool byte_level = j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() &&
+                            j["pre_tokenizer"].dump().find("ByteLevel") != std::string::npos;
+    if (byte_level) {
+      v.kind = TokenizerKind::ByteLevelBpe;
+      v.pre = PreTokenizer::Gpt2;
+      v.add_space_prefix = false;
+    } else {
+      v.kind = TokenizerKind::CharBpe;
+      v.add_space_prefix = j.contains("normalizer") && j["normalizer"].dump().find("Prepend") != std::string::npos;
+    }
+    v.ignore_merges = model.value("ignore_merges", false);
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.tokens[i].size() == 6 && v.tokens[i].rfind("<0x", 0) == 0) v.attrs[i] = TokenAttr::Byte;
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      auto it = vocab.find(model["unk_token"].get<std::string>());
+      if (it != vocab.end()) v.unk = it->get<int32_t>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: unexpected tokenizer.json structure: {}", path, e.what());
+  }
+  const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(config_path)) {
+    const auto c = read_json(config_path.string());
+    auto token_id = [&](const char* key) -> int32_t {
+      if (!c.contains(key)) return -1;
+      const auto& t = c[key];
+      const std::string text = t.is_string() ? t.get<std::string>() : t.is_object() ? t.value("content", "") : "";
+      for (size_t i = 0; i < v.tokens.size(); ++i)
+        if (v.tokens[i] == text) return static_cast<int32_t>(i);
+      return -1;
+    };
+    v.bos = token_id("bos_token");
+    v.eos = token_id("eos_token");
+    v.pad = token_id("pad_token");
+    if (v.unk < 0) v.unk = token_id("unk_token");
+    v.add_bos = c.value("add_bos_token", false);
+    v.add_eos = c.value("add_eos_token", false);
+    if (c.contains("chat_template") && c["chat_template"].is_string()) v.chat_template = c["chat_template"];
+  }
+  return v;
+}
+
+}  // namespace serval
