@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <queue>
 
 #include "base/error.h"
@@ -11,6 +13,7 @@ namespace serval {
 namespace {
 
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
+constexpr double kNoMerge = std::numeric_limits<double>::quiet_NaN();
 
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
   std::string out;
@@ -25,8 +28,8 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
 }
 
 // Greedy pairwise merging of adjacent symbols: repeatedly joins the adjacent pair with the lowest
-// cost (ties: leftmost first) until no pair has a cost. `pair_cost(left, right)` returns a negative
-// value when the pair cannot merge. Returns the final symbols as views into `text`.
+// cost (ties: leftmost first) until no pair has a cost. `pair_cost(left, right)` returns NaN when
+// the pair cannot merge. Returns the final symbols as views into `text`.
 template <typename PairCost>
 std::vector<std::string_view> merge_symbols(std::string_view text, PairCost pair_cost) {
   struct Symbol { int prev, next; size_t start, len; };
@@ -46,7 +49,7 @@ std::vector<std::string_view> merge_symbols(std::string_view text, PairCost pair
   auto consider = [&](int left, int right) {
     if (left < 0 || right < 0) return;
     const double cost = pair_cost(text.substr(sym[left].start, sym[left].len), text.substr(sym[right].start, sym[right].len));
-    if (cost >= 0) queue.push({cost, left, right, sym[left].len + sym[right].len});
+    if (!std::isnan(cost)) queue.push({cost, left, right, sym[left].len + sym[right].len});
   };
   for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) consider(i, i + 1);
   while (!queue.empty()) {
@@ -200,7 +203,7 @@ void Tokenizer::encode_fragment(std::string_view text, bool first_fragment, std:
 void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out) const {
   auto cost = [&](std::string_view l, std::string_view r) -> double {
     const int32_t id = find(std::string(l) + std::string(r));
-    return id < 0 ? -1.0 : 1e30 - double(vocab_.scores[id]);  // highest score merges first
+    return id < 0 ? kNoMerge : -double(vocab_.scores[id]);  // highest score merges first
   };
   for (auto piece : merge_symbols(text, cost)) emit_with_byte_fallback(piece, out);
 }
@@ -214,7 +217,7 @@ void Tokenizer::encode_bpe_word(std::string_view word, std::vector<int32_t>& out
     key.reserve(l.size() + r.size() + 1);
     key.append(l).append(" ").append(r);
     auto it = vocab_.merge_ranks.find(key);
-    return it == vocab_.merge_ranks.end() ? -1.0 : double(it->second);
+    return it == vocab_.merge_ranks.end() ? kNoMerge : double(it->second);
   };
   for (auto piece : merge_symbols(word, cost)) {
     if (vocab_.kind == TokenizerKind::CharBpe) {

@@ -1,1 +1,142 @@
+// Tokenizer conformance: every vector in ../shared/tokenizer-tests (ids from llama.cpp), round trips
+// on random Unicode text, special tokens and the streaming UTF-8 behaviour of pieces.
 #include <gtest/gtest.h>
+
+#include <random>
+
+#include "base/utf8.h"
+#include "io/gguf.h"
+#include "test_support.h"
+#include "tokenizer/load.h"
+
+namespace serval {
+namespace {
+
+std::vector<std::string> split_inputs(const std::string& s) {
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(sep, pos)) != std::string::npos; pos = hit + sep.size()) out.push_back(s.substr(pos, hit - pos));
+  return out;  // the piece after the last separator is empty and ignored
+}
+
+std::vector<std::vector<int32_t>> parse_outputs(const std::string& s) {
+  std::vector<std::vector<int32_t>> out;
+  std::istringstream lines(s);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream ids(line);
+    std::vector<int32_t> v;
+    for (int32_t id; ids >> id;) v.push_back(id);
+    out.push_back(v);
+  }
+  return out;
+}
+
+class VocabTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  Tokenizer load() const {
+    GgufFile g(test::shared_path("tokenizer-tests/ggml-vocab-" + GetParam() + ".gguf"));
+    return Tokenizer(vocab_from_gguf(g));
+  }
+};
+
+TEST_P(VocabTest, MatchesReferenceIds) {
+  const Tokenizer tok = load();
+  const std::string base = test::shared_path("tokenizer-tests/ggml-vocab-" + GetParam() + ".gguf");
+  const auto inputs = split_inputs(test::read_file(base + ".inp"));
+  const auto expected = parse_outputs(test::read_file(base + ".out"));
+  ASSERT_EQ(inputs.size(), expected.size());
+  int failures = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto got = tok.encode(inputs[i], /*add_special=*/false, /*parse_special=*/false);
+    EXPECT_EQ(got, expected[i]) << "input #" << i << ": '" << inputs[i] << "'";
+    failures += got != expected[i];
+    // Decoding the reference ids gives back the input (SPM: minus the space it prefixed).
+    EXPECT_EQ(tok.decode(expected[i]), inputs[i]) << "decode of input #" << i;
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+// Random strings over ASCII, Latin, CJK, emoji and whitespace: decode(encode(s)) == s.
+TEST_P(VocabTest, RandomUnicodeRoundTrip) {
+  const Tokenizer tok = load();
+  std::mt19937 rng(1234);
+  const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
+      {0x20, 0x7E}, {0xA0, 0x24F}, {0x370, 0x3FF}, {0x400, 0x4FF}, {0x4E00, 0x4FFF}, {0x1F600, 0x1F64F}, {0x9, 0xA}};
+  for (int iter = 0; iter < 200; ++iter) {
+    std::string s;
+    const int len = 1 + int(rng() % 40);
+    for (int i = 0; i < len; ++i) {
+      const auto& r = ranges[rng() % ranges.size()];
+      s += utf8_encode(r.first + rng() % (r.second - r.first + 1));
+    }
+    const auto ids = tok.encode(s, false, false);
+    EXPECT_EQ(tok.decode(ids), s) << "round trip of '" << s << "'";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedVectors, VocabTest,
+                         ::testing::Values("llama-spm", "phi-3", "gpt-2", "starcoder", "deepseek-coder"));
+
+TEST(Tokenizer, Stories260kPrompt) {
+  GgufFile g(test::shared_path("models/stories260K.gguf"));
+  Tokenizer tok(vocab_from_gguf(g));
+  // Prompt ids recorded by llama.cpp in models/reference/stories260K-once-upon-a-time.json.
+  EXPECT_EQ(tok.encode("Once upon a time", true), (std::vector<int32_t>{1, 403, 407, 261, 378}));
+}
+
+TEST(Tokenizer, HuggingFaceJsonMatchesGgufVocabulary) {
+  const auto hf = vocab_from_tokenizer_json(test::shared_path("models/TinyStories-656K/tokenizer.json"));
+  GgufFile g(test::shared_path("models/TinyStories-656K-Q8_0.gguf"));
+  const auto gg = vocab_from_gguf(g);
+  ASSERT_EQ(hf.tokens.size(), gg.tokens.size());
+  EXPECT_EQ(hf.tokens, gg.tokens);
+  EXPECT_EQ(hf.bos, 1);
+  EXPECT_EQ(hf.eos, 2);
+  EXPECT_TRUE(hf.add_bos);
+}
+
+TEST(Tokenizer, HuggingFaceBpeMergesAndRoundTrip) {
+  Tokenizer tok(vocab_from_tokenizer_json(test::shared_path("models/TinyStories-656K/tokenizer.json")));
+  const std::string text = "Once upon a time, there was a little dog named Max. He liked to run.";
+  const auto ids = tok.encode(text, true);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(tok.decode(ids), text);
+  EXPECT_LT(ids.size(), text.size() / 3) << "merges should give multi-character tokens";
+  // This vocabulary has no byte tokens: a character it cannot spell becomes <unk> (id 0).
+  const auto unk = tok.encode("\xE4\xBD\xA0", false);
+  EXPECT_NE(std::find(unk.begin(), unk.end(), 0), unk.end());
+}
+
+TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {
+  GgufFile g(test::shared_path("tokenizer-tests/ggml-vocab-phi-3.gguf"));
+  Tokenizer tok(vocab_from_gguf(g));
+  const int32_t end = tok.find("<|end|>");
+  ASSERT_GE(end, 0);
+  const auto with = tok.encode("hi<|end|>", false, true);
+  const auto without = tok.encode("hi<|end|>", false, false);
+  EXPECT_NE(std::find(with.begin(), with.end(), end), with.end());
+  EXPECT_EQ(std::find(without.begin(), without.end(), end), without.end());
+  EXPECT_TRUE(tok.is_end_of_generation(end));
+}
+
+TEST(Tokenizer, PiecesStreamWithoutBrokenUtf8) {
+  GgufFile g(test::shared_path("tokenizer-tests/ggml-vocab-gpt-2.gguf"));
+  Tokenizer tok(vocab_from_gguf(g));
+  const std::string text = "emoji 😀 and 你好 and é";
+  const auto ids = tok.encode(text, false);
+  Utf8StreamDecoder dec;
+  std::string out;
+  for (int32_t id : ids) {
+    const std::string chunk = dec.push(tok.token_to_piece(id));
+    EXPECT_EQ(utf8_decode(chunk).size(), utf8_split_chars(chunk).size());
+    for (auto ch : utf8_split_chars(chunk)) EXPECT_GT(utf8_sequence_length(ch, 0), 0u) << "broken UTF-8 emitted";
+    out += chunk;
+  }
+  out += dec.flush();
+  EXPECT_EQ(out, text);
+}
+
+}  // namespace
+}  // namespace serval

@@ -1,0 +1,28 @@
+// Shared helpers for the unit tests: paths of the shared fixtures.
+#pragma once
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace serval::test {
+
+inline std::string shared_path(const std::string& rel) { return std::string(SERVAL_SHARED_DIR) + "/" + rel; }
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Cached model path (set up by scripts/setup), or "" when it is not there.
+inline std::string cached_model(const std::string& name) {
+  const char* env = std::getenv("SERVAL_MODEL_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = env && *env ? env : std::string(home ? home : ".") + "/.cache/serval/models";
+  const std::string p = dir + "/" + name + ".gguf";
+  return std::filesystem::exists(p) ? p : "";
+}
+
+}  // namespace serval::test
