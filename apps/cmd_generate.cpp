@@ -15,7 +15,7 @@ namespace serval::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_file, tokenizer;
+  std::string model, prompt, prompt_file, tokenizer, cache_type = "f16";
   int n_predict = 128, ctx = 0, threads = 0;
   bool no_bos = false, json = false, ignore_eos = false, special = false;
   SamplingParams sampling;
@@ -60,7 +60,7 @@ void run_generate(GenerateOptions& o) {
   check(!prompt.empty(), "the prompt is empty (nothing to condition on; drop --no-bos or give text)");
   const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model->config().n_ctx_train, prompt.size() + o.n_predict);
   check(int64_t(prompt.size()) < n_ctx, "prompt of {} tokens does not fit the context of {}", prompt.size(), n_ctx);
-  SingleSequence seq(*model, n_ctx);
+  SingleSequence seq(*model, n_ctx, parse_cache_type(o.cache_type));
   Sampler sampler(o.sampling);
   std::vector<int32_t> history = prompt;
   Utf8StreamDecoder utf8;
@@ -119,6 +119,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("-s,--seed", s.seed, "random seed (same seed, same output)");
   cmd->add_option("--logprobs", s.n_logprobs, "report the top N log-probabilities per token (with --json)");
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
+  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
   cmd->add_flag("--parse-special", o->special, "turn special-token text in the prompt into its id");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");

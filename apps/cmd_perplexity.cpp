@@ -15,7 +15,7 @@ namespace serval::cli {
 namespace {
 
 struct PerplexityOptions {
-  std::string model, file, tokenizer;
+  std::string model, file, tokenizer, cache_type = "f16";
   int ctx = 512, threads = 0, max_chunks = -1, batch = 512;
 };
 
@@ -35,7 +35,7 @@ void run_perplexity(const PerplexityOptions& o) {
   check(n_chunks > 0, "{}: {} tokens is fewer than one chunk of {} (need at least 2 x ctx for a meaningful score)",
         o.file, tokens.size(), n_ctx);
   fmt::print(stderr, "perplexity: {} tokens, {} chunks of {}\n", tokens.size(), n_chunks, n_ctx);
-  SingleSequence seq(*model, n_ctx);
+  SingleSequence seq(*model, n_ctx, parse_cache_type(o.cache_type));
   const int64_t first = n_ctx / 2;
   const bool add_bos = tok.vocab().add_bos && tok.vocab().bos >= 0;
   double nll = 0, nll2 = 0;
@@ -80,6 +80,7 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("--chunks", o->max_chunks, "score at most this many chunks");
   cmd->add_option("-t,--threads", o->threads, "threads");
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
+  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
   cmd->callback([o] { run_perplexity(*o); });
 }
 

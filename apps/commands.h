@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "io/ggml_types.h"
+
 namespace serval::cli {
 
 // Each registers its subcommand on `app`; the callback runs it.
@@ -16,6 +18,8 @@ void add_pull(CLI::App& app);
 std::string resolve_model_path(const std::string& name_or_path);
 // Directory of the model cache (SERVAL_MODEL_CACHE overrides ~/.cache/serval/models).
 std::string model_cache_dir();
+// "f16" / "f32" to a KV cache type; throws Error otherwise.
+DType parse_cache_type(const std::string& name);
 // Sets the OpenMP thread count when n > 0.
 void set_threads(int n);
 

@@ -23,6 +23,12 @@ std::string resolve_model_path(const std::string& name) {
   fail("{}: no such file, and no model of that name in {} (try `serval pull {}`)", name, model_cache_dir(), name);
 }
 
+DType parse_cache_type(const std::string& name) {
+  if (name == "f16") return DType::F16;
+  if (name == "f32") return DType::F32;
+  fail("unsupported KV cache type '{}' (f16, f32)", name);
+}
+
 void set_threads(int n) {
   if (n > 0) omp_set_num_threads(n);
 }

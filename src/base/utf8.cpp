@@ -83,6 +83,16 @@ static bool is_incomplete_prefix(std::string_view s, size_t pos) {
   return true;
 }
 
+// Bytes to replace with one U+FFFD at an invalid sequence: the lead byte and the continuation
+// bytes that follow it within the length it announces (the "maximal subpart").
+static size_t invalid_run_length(std::string_view s, size_t pos) {
+  const uint8_t c = static_cast<uint8_t>(s[pos]);
+  const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+  size_t n = 1;
+  while (n < need && pos + n < s.size() && (static_cast<uint8_t>(s[pos + n]) & 0xC0) == 0x80) ++n;
+  return n;
+}
+
 std::string Utf8StreamDecoder::push(std::string_view bytes) {
   pending_.append(bytes);
   std::string out;
@@ -96,7 +106,7 @@ std::string Utf8StreamDecoder::push(std::string_view bytes) {
       break;
     } else {
       out += "\xEF\xBF\xBD";
-      ++pos;
+      pos += invalid_run_length(pending_, pos);
     }
   }
   pending_.erase(0, pos);

@@ -168,11 +168,16 @@ size_t GgufArray::size() const {
   return ints.size();
 }
 
-GgufFile::GgufFile(const std::string& path) : path_(path), file_(std::make_unique<MappedFile>(path)) { parse(); }
+GgufFile::GgufFile(const std::string& path)
+    : path_(path), file_(std::make_unique<MappedFile>(path)), bytes_(file_->bytes()) {
+  parse();
+}
+
+GgufFile::GgufFile(const std::string& name, std::span<const uint8_t> bytes) : path_(name), bytes_(bytes) { parse(); }
 
 void GgufFile::parse() {
-  Cursor c(path_, file_->bytes());
-  if (file_->bytes().size() < 4 || std::memcmp(file_->bytes().data(), "GGUF", 4) != 0)
+  Cursor c(path_, bytes_);
+  if (bytes_.size() < 4 || std::memcmp(bytes_.data(), "GGUF", 4) != 0)
     fail("{}: not a GGUF file (bad magic)", path_);
   c.read<uint32_t>("magic");
   version_ = c.read<uint32_t>("version");
@@ -199,7 +204,7 @@ void GgufFile::parse() {
     alignment = static_cast<uint64_t>(*a);
   }
   const uint64_t data_start = (c.offset() + alignment - 1) / alignment * alignment;
-  const uint64_t file_size = file_->bytes().size();
+  const uint64_t file_size = bytes_.size();
   if (n_tensors > 0 && data_start > file_size) fail("{}: truncated file: tensor data section missing", path_);
   const uint64_t data_size = n_tensors > 0 ? file_size - data_start : 0;
 
@@ -212,7 +217,7 @@ void GgufFile::parse() {
       fail("{}: tensor '{}' data ({} bytes at offset {}) runs past the end of the file (truncated?)", path_, t.name,
            nbytes, t.offset);
     if (!tensor_index_.emplace(t.name, tensors_.size()).second) fail("{}: duplicate tensor name '{}'", path_, t.name);
-    tensors_.push_back(TensorRef{t.name, info->type, t.ne, file_->bytes().data() + data_start + t.offset, nbytes});
+    tensors_.push_back(TensorRef{t.name, info->type, t.ne, bytes_.data() + data_start + t.offset, nbytes});
   }
 
   std::vector<const TensorRef*> by_offset;

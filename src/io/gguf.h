@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -36,6 +37,8 @@ class GgufFile {
  public:
   // Opens and validates `path`; throws Error naming the file and the problem.
   explicit GgufFile(const std::string& path);
+  // Parses bytes held by the caller (they must outlive this object); `name` appears in errors.
+  GgufFile(const std::string& name, std::span<const uint8_t> bytes);
 
   uint32_t version() const { return version_; }
   const std::string& path() const { return path_; }
@@ -59,6 +62,7 @@ class GgufFile {
  private:
   std::string path_;
   std::unique_ptr<MappedFile> file_;
+  std::span<const uint8_t> bytes_;
   uint32_t version_ = 0;
   std::map<std::string, GgufValue> metadata_;
   std::vector<TensorRef> tensors_;

@@ -21,11 +21,17 @@ struct WeightMatrix {
   bool empty() const { return data == nullptr; }
 };
 
-// Keys and values of one layer for attention: pools of `kv_dim` floats per slot.
+// Keys and values of one layer for attention: pools of `kv_dim` elements per slot, F32 or F16.
+// With F16 the query and the attention weights are rounded to F16 before their products, as
+// llama.cpp does with its default F16 cache (so the two agree to float rounding).
 struct KvLayerView {
-  const float* k = nullptr;  // [n_slots, kv_dim]
-  const float* v = nullptr;  // [n_slots, kv_dim]
+  DType type = DType::F32;
+  const uint8_t* k = nullptr;  // [n_slots, kv_dim]
+  const uint8_t* v = nullptr;  // [n_slots, kv_dim]
   int64_t kv_dim = 0;
+
+  // Copies `n` elements of slot `slot` starting at element `offset` of K (or V) into `out` as floats.
+  void load(const uint8_t* pool, int32_t slot, int64_t offset, int64_t n, float* out) const;
 };
 
 struct AttentionShape {

@@ -1,15 +1,37 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "base/error.h"
+#include "tensor/dequant.h"
 
 namespace serval {
 
-KvCache::KvCache(const ModelConfig& c, int64_t n_slots) : n_slots_(n_slots), kv_dim_(c.kv_dim()) {
-  k_.assign(c.n_layer, std::vector<float>(n_slots * kv_dim_));
-  v_.assign(c.n_layer, std::vector<float>(n_slots * kv_dim_));
+KvCache::KvCache(const ModelConfig& c, int64_t n_slots, DType type)
+    : n_slots_(n_slots), kv_dim_(c.kv_dim()), type_(type), elem_bytes_(type == DType::F16 ? 2 : 4) {
+  check(type == DType::F16 || type == DType::F32, "KV cache type must be f16 or f32");
+  k_.assign(c.n_layer, std::vector<uint8_t>(n_slots * kv_dim_ * elem_bytes_));
+  v_.assign(c.n_layer, std::vector<uint8_t>(n_slots * kv_dim_ * elem_bytes_));
 }
+
+void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
+  uint8_t* kd = k_[layer].data() + int64_t(slot) * kv_dim_ * elem_bytes_;
+  uint8_t* vd = v_[layer].data() + int64_t(slot) * kv_dim_ * elem_bytes_;
+  if (type_ == DType::F32) {
+    std::memcpy(kd, k, kv_dim_ * 4);
+    std::memcpy(vd, v, kv_dim_ * 4);
+    return;
+  }
+  auto* kh = reinterpret_cast<uint16_t*>(kd);
+  auto* vh = reinterpret_cast<uint16_t*>(vd);
+  for (int64_t i = 0; i < kv_dim_; ++i) {
+    kh[i] = f32_to_fp16(k[i]);
+    vh[i] = f32_to_fp16(v[i]);
+  }
+}
+
+KvLayerView KvCache::view(int64_t layer) const { return {type_, k_[layer].data(), v_[layer].data(), kv_dim_}; }
 
 void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits) {
   tokens.push_back(token);
@@ -79,12 +101,11 @@ void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::ve
     }
     apply_rope(qt, c.n_head, batch.positions[t], swa);
     apply_rope(kt, c.n_head_kv, batch.positions[t], swa);
-    std::copy(kt, kt + c.kv_dim(), kv.k(il) + int64_t(batch.slots[t]) * c.kv_dim());
-    std::copy(v.data() + t * c.kv_dim(), v.data() + (t + 1) * c.kv_dim(), kv.v(il) + int64_t(batch.slots[t]) * c.kv_dim());
+    kv.write(il, batch.slots[t], kt, v.data() + t * c.kv_dim());
   }
   std::vector<float> attn(n_tok * c.q_dim());
   const AttentionShape shape{int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale};
-  const KvLayerView view{kv.k(il), kv.v(il), c.kv_dim()};
+  const KvLayerView view = kv.view(il);
 #pragma omp parallel for schedule(dynamic) if (n_tok > 1)
   for (int64_t t = 0; t < n_tok; ++t) {
     const int32_t pos = batch.positions[t];

@@ -12,19 +12,25 @@
 
 namespace serval {
 
-// K and V of every layer in slots of kv_dim floats; a sequence owns a list of slots, one per position.
+// K and V of every layer in slots of kv_dim elements (F16 by default, as llama.cpp; or F32);
+// a sequence owns a list of slots, one per position.
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int64_t n_slots);
+  KvCache(const ModelConfig& config, int64_t n_slots, DType type = DType::F16);
   int64_t n_slots() const { return n_slots_; }
   int64_t kv_dim() const { return kv_dim_; }
-  float* k(int64_t layer) { return k_[layer].data(); }
-  float* v(int64_t layer) { return v_[layer].data(); }
-  uint64_t bytes() const { return uint64_t(k_.size()) * 2 * n_slots_ * kv_dim_ * sizeof(float); }
+  DType type() const { return type_; }
+  // Stores one token's K and V (kv_dim floats each) of `layer` in `slot`.
+  void write(int64_t layer, int32_t slot, const float* k, const float* v);
+  // The layer's pools for the attention kernel.
+  KvLayerView view(int64_t layer) const;
+  uint64_t bytes() const { return uint64_t(k_.size()) * 2 * n_slots_ * kv_dim_ * elem_bytes_; }
 
  private:
   int64_t n_slots_, kv_dim_;
-  std::vector<std::vector<float>> k_, v_;
+  DType type_;
+  size_t elem_bytes_;
+  std::vector<std::vector<uint8_t>> k_, v_;
 };
 
 // One step's tokens from any number of sequences, each with its position and KV slot.

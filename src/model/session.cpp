@@ -6,7 +6,8 @@
 
 namespace serval {
 
-SingleSequence::SingleSequence(const Model& model, int64_t n_ctx) : model_(model), n_ctx_(n_ctx), kv_(model.config(), n_ctx) {
+SingleSequence::SingleSequence(const Model& model, int64_t n_ctx, DType kv_type)
+    : model_(model), n_ctx_(n_ctx), kv_(model.config(), n_ctx, kv_type) {
   check(n_ctx > 0, "context size must be positive");
 }
 

