@@ -1,0 +1,35 @@
+"""Shared fixtures for the black-box tests: the real `serval` binary, shared models, the model cache."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = ROOT / "build"
+SERVAL = BUILD / "serval"
+SHARED = ROOT.parent / "shared"
+MODELS = SHARED / "models"
+CACHE = pathlib.Path(os.environ.get("SERVAL_MODEL_CACHE", pathlib.Path.home() / ".cache" / "serval" / "models"))
+DATA = ROOT / "tests" / "data"
+
+
+def run(*args, check=True, timeout=600, **kw):
+    """Runs serval with `args`; returns the CompletedProcess (text mode)."""
+    p = subprocess.run([str(SERVAL), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"serval {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def cached_model(name: str) -> pathlib.Path:
+    """Path of a model fetched by scripts/setup; a missing model is a test failure, not a skip."""
+    path = CACHE / f"{name}.gguf"
+    assert path.exists(), f"{path} missing: run scripts/setup (it fetches the models)"
+    return path
+
+
+@pytest.fixture(scope="session")
+def serval_bin():
+    assert SERVAL.exists(), "build/serval missing: run scripts/setup"
+    return SERVAL
