@@ -42,7 +42,8 @@ struct AttentionShape {
 };
 
 namespace ref {
-// y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tok (reference: dequantize then sequential sum).
+// y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tok, with llama.cpp's semantics: each activation row is
+// first put in the format its weight type is multiplied with (act_quant.h), then dotted per block.
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
 // Attention of one query token over the keys in `slots` (in position order).
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out);

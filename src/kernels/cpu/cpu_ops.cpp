@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/act_quant.h"
 #include "kernels/ops.h"
 #include "tensor/dequant.h"
 
@@ -27,7 +28,32 @@ float dot(const float* a, const float* b, int64_t n) {
   return acc[0];
 }
 
-void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+// Activations as the weight type is multiplied with: quantized (Q8_0 / Q8_1 / Q8_K) once per token,
+// or rounded to F16 / BF16 and kept as floats.
+struct PreparedActivations {
+  ActType type;
+  size_t row_bytes;
+  std::vector<uint8_t> quantized;  // [n_tok, row_bytes] for the Q8 types
+  std::vector<float> rounded;      // [n_tok, cols] for F32 / F16 / BF16
+
+  PreparedActivations(DType w_type, const float* x, int64_t cols, int64_t n_tok)
+      : type(act_type_for(w_type)), row_bytes(act_row_bytes(type, cols)) {
+    const bool floats = type == ActType::F32 || type == ActType::F16 || type == ActType::BF16;
+    if (floats) rounded.assign(x, x + n_tok * cols);
+    else quantized.resize(n_tok * row_bytes);
+    std::vector<uint8_t> tmp(floats ? row_bytes : 0);
+#pragma omp parallel for schedule(static) if (n_tok > 1) firstprivate(tmp)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      if (!floats) { quantize_act_row(type, x + t * cols, cols, quantized.data() + t * row_bytes); continue; }
+      if (type == ActType::F32) continue;
+      quantize_act_row(type, x + t * cols, cols, tmp.data());
+      dequantize_row(type == ActType::F16 ? DType::F16 : DType::BF16, tmp.data(), rounded.data() + t * cols, cols);
+    }
+  }
+};
+
+// Float weights: dequantize a tile of rows once, dot with every token's (rounded) activations.
+void matmul_float(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
   constexpr int64_t kRowsPerTile = 4;
   const int64_t n_tiles = (w.rows + kRowsPerTile - 1) / kRowsPerTile;
   const bool direct = w.type == DType::F32;
@@ -49,6 +75,20 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
       for (int64_t t = 0; t < n_tok; ++t)
         for (int64_t r = r0; r < r1; ++r) y[t * w.rows + r] = dot(rows[r - r0], x + t * w.cols, w.cols);
     }
+  }
+}
+
+void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  const PreparedActivations act(w.type, x, w.cols, n_tok);
+  if (act.quantized.empty()) return matmul_float(w, act.rounded.data(), y, n_tok);
+  constexpr int64_t kRowsPerTile = 8;
+  const int64_t n_tiles = (w.rows + kRowsPerTile - 1) / kRowsPerTile;
+#pragma omp parallel for schedule(static)
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    const int64_t r0 = tile * kRowsPerTile, r1 = std::min(w.rows, r0 + kRowsPerTile);
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t r = r0; r < r1; ++r)
+        y[t * w.rows + r] = vec_dot(w.type, w.data + r * w.row_stride, act.quantized.data() + t * act.row_bytes, w.cols);
   }
 }
 

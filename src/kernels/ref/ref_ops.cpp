@@ -2,20 +2,18 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/act_quant.h"
 #include "kernels/ops.h"
 #include "tensor/dequant.h"
 
 namespace serval::ref {
 
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
-  std::vector<float> row(w.cols);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    dequantize_row(w.type, w.data + r * w.row_stride, row.data(), w.cols);
-    for (int64_t t = 0; t < n_tok; ++t) {
-      double acc = 0;
-      for (int64_t c = 0; c < w.cols; ++c) acc += double(row[c]) * x[t * w.cols + c];
-      y[t * w.rows + r] = float(acc);
-    }
+  const ActType at = act_type_for(w.type);
+  std::vector<uint8_t> act(act_row_bytes(at, w.cols));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    quantize_act_row(at, x + t * w.cols, w.cols, act.data());
+    for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = vec_dot(w.type, w.data + r * w.row_stride, act.data(), w.cols);
   }
 }
 
