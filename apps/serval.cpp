@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   serval::cli::add_perplexity(app);
   serval::cli::add_tokenize(app);
   serval::cli::add_pull(app);
+  serval::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
