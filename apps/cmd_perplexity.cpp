@@ -10,6 +10,7 @@
 #include "apps/commands.h"
 #include "base/error.h"
 #include "model/session.h"
+#include "sampling/sampler.h"
 
 namespace serval::cli {
 namespace {
@@ -99,6 +100,58 @@ void add_pull(CLI::App& app) {
     const int rc = std::system(cmdline.c_str());
     check(rc == 0, "pull of '{}' failed", *name);
   });
+}
+
+}  // namespace serval::cli
+
+namespace serval::cli {
+namespace {
+
+struct ScoreOptions {
+  std::string model, prompt, ids, cache_type = "f16";
+  bool no_bos = false;
+};
+
+// Teacher-forced scoring: after the prompt, each given token is appended in one batch; for every
+// position print the model's own greedy choice and the log-probability of the given token.
+void run_score(const ScoreOptions& o) {
+  auto model = Model::load(resolve_model_path(o.model));
+  const auto& tok = model->tokenizer();
+  std::vector<int32_t> tokens = tok.encode(o.prompt, !o.no_bos);
+  check(!tokens.empty(), "the prompt is empty");
+  const size_t n_prompt = tokens.size();
+  std::vector<int32_t> given;
+  std::stringstream ss(o.ids);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      given.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      fail("--ids expects comma-separated token ids, got '{}'", item);
+    }
+    check(given.back() >= 0 && given.back() < tok.n_vocab(), "token id {} is outside the vocabulary", given.back());
+  }
+  tokens.insert(tokens.end(), given.begin(), given.end());
+  SingleSequence seq(*model, int64_t(tokens.size()), parse_cache_type(o.cache_type));
+  const auto logits = seq.eval(tokens, /*all_logits=*/true);
+  const int64_t n_vocab = tok.n_vocab();
+  for (size_t i = 0; i < given.size(); ++i) {
+    const std::span<const float> row(logits.data() + (n_prompt - 1 + i) * n_vocab, n_vocab);
+    const auto r = logprobs_of(row, given[i], 0);
+    fmt::print("{{\"id\": {}, \"logprob\": {:.5f}, \"argmax\": {}}}\n", given[i], r.logprob, argmax(row));
+  }
+}
+
+}  // namespace
+
+void add_score(CLI::App& app) {
+  auto* cmd = app.add_subcommand("score", "Log-probabilities of given continuation tokens (teacher forcing), one JSON line each");
+  auto o = std::make_shared<ScoreOptions>();
+  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
+  cmd->add_option("--ids", o->ids, "comma-separated continuation token ids")->required();
+  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
+  cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
+  cmd->callback([o] { run_score(*o); });
 }
 
 }  // namespace serval::cli

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   serval::cli::add_tokenize(app);
   serval::cli::add_pull(app);
   serval::cli::add_bench(app);
+  serval::cli::add_score(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

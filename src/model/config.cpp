@@ -9,11 +9,13 @@
 
 namespace serval {
 
+constexpr int64_t kMaxLayers = 1024;
+
 void ModelConfig::validate(const std::string& src) const {
   check(n_embd > 0 && n_layer > 0 && n_head > 0 && n_head_kv > 0 && d_head > 0 && n_ff > 0 && n_vocab > 0,
         "{}: hyperparameters must be positive (n_embd {}, n_layer {}, n_head {}, n_head_kv {}, d_head {}, n_ff {}, "
         "n_vocab {})", src, n_embd, n_layer, n_head, n_head_kv, d_head, n_ff, n_vocab);
-  check(n_layer <= 1024 && n_head <= 4096 && d_head <= 4096 && n_embd <= (1 << 20) && n_ff <= (1 << 22),
+  check(n_layer <= kMaxLayers && n_head <= 4096 && d_head <= 4096 && n_embd <= (1 << 20) && n_ff <= (1 << 22),
         "{}: hyperparameters are absurdly large", src);
   check(n_head % n_head_kv == 0, "{}: n_head {} is not a multiple of n_head_kv {}", src, n_head, n_head_kv);
   check(d_head % 2 == 0, "{}: head dimension {} must be even for RoPE", src, d_head);
@@ -46,7 +48,8 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   } else if (auto f = g.find_float(a + "rope.scaling.factor"); f && *f > 0) {
     c.rope_linear_scale = static_cast<float>(*f);
   }
-  c.layer_is_swa.assign(std::max<int64_t>(c.n_layer, 0), 0);
+  check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: block_count {} is out of range", g.path(), c.n_layer);
+  c.layer_is_swa.assign(c.n_layer, 0);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
   if (c.arch == "qwen2") c.rope_style = RopeStyle::Neox;
   if (c.arch == "gemma3") {
@@ -99,7 +102,8 @@ ModelConfig config_from_hf(const std::string& path) {
   }
   // Hugging Face keeps Q/K in rotate-half order; GGUF conversion permutes them to interleaved pairs.
   c.rope_style = RopeStyle::Neox;
-  c.layer_is_swa.assign(std::max<int64_t>(c.n_layer, 0), 0);
+  check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: num_hidden_layers {} is out of range", path, c.n_layer);
+  c.layer_is_swa.assign(c.n_layer, 0);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
   c.validate(path);
   return c;
