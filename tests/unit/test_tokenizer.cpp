@@ -78,6 +78,31 @@ TEST_P(VocabTest, RandomUnicodeRoundTrip) {
 INSTANTIATE_TEST_SUITE_P(SharedVectors, VocabTest,
                          ::testing::Values("llama-spm", "phi-3", "gpt-2", "starcoder", "deepseek-coder"));
 
+// The vocabularies of the fetched models (Gemma 3 SentencePiece, Qwen2 byte-level BPE with the qwen2
+// pre-tokenizer) on tests/data/tokenizer-extra.inp; the expected ids were produced by llama.cpp
+// (commit c392e5094, vocab-only load; Gemma's tokenizer keys under the gemma2 architecture, which
+// that llama.cpp knows). tests/data/README.md says how.
+class ModelVocabTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelVocabTest, MatchesLlamaCppIds) {
+  const std::string model = test::cached_model(GetParam());
+  ASSERT_FALSE(model.empty()) << GetParam() << " is not in the model cache: run scripts/setup";
+  GgufFile g(model);
+  const Tokenizer tok(vocab_from_gguf(g));
+  const std::string data = std::string(SERVAL_SOURCE_DIR) + "/tests/data/";
+  const auto inputs = split_inputs(test::read_file(data + "tokenizer-extra.inp"));
+  const auto expected = parse_outputs(test::read_file(data + GetParam() + ".tokenizer.out"));
+  ASSERT_EQ(inputs.size(), expected.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(tok.encode(inputs[i], false, false), expected[i]) << "input #" << i << ": '" << inputs[i] << "'";
+    EXPECT_EQ(tok.decode(expected[i]), inputs[i]) << "decode of input #" << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(FetchedModels, ModelVocabTest,
+                         ::testing::Values("gemma-3-270m", "qwen2.5-coder-0.5b-instruct"),
+                         [](const auto& info) { return info.param == "gemma-3-270m" ? std::string("Gemma3") : std::string("Qwen2"); });
+
 TEST(Tokenizer, Stories260kPrompt) {
   GgufFile g(test::shared_path("models/stories260K.gguf"));
   Tokenizer tok(vocab_from_gguf(g));
