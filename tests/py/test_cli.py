@@ -151,3 +151,15 @@ def test_code_completion_matches_llama_cpp_text():
     out = run("generate", "-m", "qwen2.5-coder-0.5b-instruct", "-p", "def fibonacci(n):", "-n", 32, "--temp", 0)
     assert out.stdout.startswith('def fibonacci(n):\n    if n <= 0:\n        return "Invalid input"\n'
                                  '    elif n == 1:\n        return 0\n    elif n == 2')
+
+
+def test_pull_known_model_is_not_downloaded_again():
+    out = run("pull", "gemma-3-270m", timeout=120)
+    assert out.stdout.strip().endswith("gemma-3-270m.gguf")
+    assert "fetching" not in out.stderr
+
+
+def test_pull_unknown_model_fails_clearly():
+    p = run("pull", "no-such-model", check=False)
+    assert p.returncode == 1
+    assert "unknown model 'no-such-model'" in p.stderr
