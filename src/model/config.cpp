@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,19 @@
 namespace serval {
 
 constexpr int64_t kMaxLayers = 1024;
+
+namespace {
+bool any_swa(const std::vector<uint8_t>& f) { return std::find(f.begin(), f.end(), 1) != f.end(); }
+bool any_global(const std::vector<uint8_t>& f) { return std::find(f.begin(), f.end(), 0) != f.end(); }
+}  // namespace
+
+int ModelConfig::n_kv_groups() const { return any_swa(layer_is_swa) && any_global(layer_is_swa) ? 2 : 1; }
+
+int ModelConfig::kv_group(int64_t layer) const { return n_kv_groups() == 2 && layer_is_swa[layer] ? 1 : 0; }
+
+bool ModelConfig::kv_group_is_swa(int group) const {
+  return n_kv_groups() == 2 ? group == 1 : any_swa(layer_is_swa);
+}
 
 void ModelConfig::validate(const std::string& src) const {
   check(n_embd > 0 && n_layer > 0 && n_head > 0 && n_head_kv > 0 && d_head > 0 && n_ff > 0 && n_vocab > 0,

@@ -38,6 +38,11 @@ struct ModelConfig {
   int64_t kv_dim() const { return n_head_kv * d_head; }
   // KV bytes per token: 2 x n_layers x n_kv_heads x d_head x dtype_bytes.
   int64_t kv_bytes_per_token(int64_t dtype_bytes) const { return 2 * n_layer * n_head_kv * d_head * dtype_bytes; }
+  // KV groups: layers whose caches are paged together. Gemma 3 has two (0: global layers,
+  // 1: sliding-window layers, whose old blocks can be freed); other models have one.
+  int n_kv_groups() const;
+  int kv_group(int64_t layer) const;
+  bool kv_group_is_swa(int group) const;
   // Throws Error when the hyperparameters are inconsistent.
   void validate(const std::string& source) const;
 };

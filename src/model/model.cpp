@@ -8,11 +8,25 @@
 
 namespace serval {
 
-KvCache::KvCache(const ModelConfig& c, int64_t n_slots, DType type)
-    : n_slots_(n_slots), kv_dim_(c.kv_dim()), type_(type), elem_bytes_(type == DType::F16 ? 2 : 4) {
+KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
+    : n_slots_(std::move(n_slots)), kv_dim_(c.kv_dim()), type_(type), elem_bytes_(type == DType::F16 ? 2 : 4) {
   check(type == DType::F16 || type == DType::F32, "KV cache type must be f16 or f32");
-  k_.assign(c.n_layer, std::vector<uint8_t>(n_slots * kv_dim_ * elem_bytes_));
-  v_.assign(c.n_layer, std::vector<uint8_t>(n_slots * kv_dim_ * elem_bytes_));
+  check(int(n_slots_.size()) == c.n_kv_groups(), "KV cache needs {} groups", c.n_kv_groups());
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    layer_group_.push_back(c.kv_group(il));
+    const size_t bytes = size_t(n_slots_[layer_group_.back()]) * kv_dim_ * elem_bytes_;
+    k_.emplace_back(bytes);
+    v_.emplace_back(bytes);
+  }
+}
+
+KvCache::KvCache(const ModelConfig& c, int64_t n_slots, DType type)
+    : KvCache(c, std::vector<int64_t>(c.n_kv_groups(), n_slots), type) {}
+
+uint64_t KvCache::bytes() const {
+  uint64_t total = 0;
+  for (const auto& k : k_) total += 2 * k.size();
+  return total;
 }
 
 void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
@@ -37,7 +51,7 @@ void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logi
   tokens.push_back(token);
   positions.push_back(pos);
   seq_ids.push_back(seq);
-  slots.push_back(slot);
+  for (auto& g : slots) g.push_back(slot);
   want_logits.push_back(logits);
 }
 
@@ -83,6 +97,7 @@ void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::ve
   const auto& L = weights_.layers[il];
   const int64_t n_tok = static_cast<int64_t>(batch.size());
   const bool swa = c.layer_is_swa[il];
+  const int group = c.kv_group(il);
   std::vector<float> h(n_tok * c.n_embd), q(n_tok * c.q_dim()), k(n_tok * c.kv_dim()), v(n_tok * c.kv_dim());
   rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
   cpu::matmul(L.wq, h.data(), q.data(), n_tok);
@@ -101,7 +116,7 @@ void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::ve
     }
     apply_rope(qt, c.n_head, batch.positions[t], swa);
     apply_rope(kt, c.n_head_kv, batch.positions[t], swa);
-    kv.write(il, batch.slots[t], kt, v.data() + t * c.kv_dim());
+    kv.write(il, batch.slots[group][t], kt, v.data() + t * c.kv_dim());
   }
   std::vector<float> attn(n_tok * c.q_dim());
   const AttentionShape shape{int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale};
@@ -109,7 +124,7 @@ void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::ve
 #pragma omp parallel for schedule(dynamic) if (n_tok > 1)
   for (int64_t t = 0; t < n_tok; ++t) {
     const int32_t pos = batch.positions[t];
-    const auto& table = batch.slot_tables[batch.seq_ids[t]];
+    const auto& table = batch.slot_tables[group][batch.seq_ids[t]];
     const int64_t first = swa ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
     const std::span<const int32_t> slots(table.data() + first, pos + 1 - first);
     cpu::attention(shape, q.data() + t * c.q_dim(), view, slots, attn.data() + t * c.q_dim());
@@ -135,17 +150,30 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
   for (int64_t i = 0; i < n_tok * c.n_embd; ++i) x[i] += down[i];
 }
 
+void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
+  const auto& c = config_;
+  check(batch.n_groups() == c.n_kv_groups() && kv.n_groups() == c.n_kv_groups(), "batch or KV cache has the wrong number of KV groups");
+  for (size_t t = 0; t < batch.size(); ++t) {
+    check(batch.tokens[t] >= 0 && batch.tokens[t] < c.n_vocab, "token id {} is outside the vocabulary", batch.tokens[t]);
+    check(batch.positions[t] >= 0, "negative position");
+    for (int g = 0; g < batch.n_groups(); ++g) {
+      check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
+      check(batch.slots[g][t] >= 0 && batch.slots[g][t] < kv.n_slots(g), "KV slot {} out of range", batch.slots[g][t]);
+      check(batch.seq_ids[t] >= 0 && batch.seq_ids[t] < int32_t(batch.slot_tables[g].size()), "bad sequence id");
+      const auto& table = batch.slot_tables[g][batch.seq_ids[t]];
+      check(batch.positions[t] < int32_t(table.size()), "position {} has no KV slot", batch.positions[t]);
+      const int64_t first = c.kv_group_is_swa(g) ? std::max<int64_t>(0, batch.positions[t] - c.sliding_window + 1) : 0;
+      for (int64_t p = first; p <= batch.positions[t]; ++p)
+        check(table[p] >= 0 && table[p] < kv.n_slots(g), "position {} of sequence {} has no valid KV slot", p, batch.seq_ids[t]);
+    }
+  }
+}
+
 void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits) const {
   const auto& c = config_;
   const int64_t n_tok = static_cast<int64_t>(batch.size());
   check(n_tok > 0, "forward: empty batch");
-  for (int64_t t = 0; t < n_tok; ++t) {
-    check(batch.tokens[t] >= 0 && batch.tokens[t] < c.n_vocab, "token id {} is outside the vocabulary", batch.tokens[t]);
-    check(batch.slots[t] >= 0 && batch.slots[t] < kv.n_slots(), "KV slot {} out of range", batch.slots[t]);
-    check(batch.seq_ids[t] >= 0 && batch.seq_ids[t] < int32_t(batch.slot_tables.size()), "bad sequence id");
-    check(batch.positions[t] >= 0 && batch.positions[t] < int32_t(batch.slot_tables[batch.seq_ids[t]].size()),
-          "position {} has no KV slot", batch.positions[t]);
-  }
+  validate_batch(batch, kv);
   std::vector<float> x(n_tok * c.n_embd);
   for (int64_t t = 0; t < n_tok; ++t) {
     get_row(weights_.tok_embd, batch.tokens[t], x.data() + t * c.n_embd);

@@ -12,40 +12,53 @@
 
 namespace serval {
 
-// K and V of every layer in slots of kv_dim elements (F16 by default, as llama.cpp; or F32);
-// a sequence owns a list of slots, one per position.
+// K and V of every layer in slots of kv_dim elements (F16 by default, as llama.cpp; or F32). Each KV
+// group (see ModelConfig::kv_group) has its own slot space; a sequence maps positions to slots.
 class KvCache {
  public:
+  // `n_slots[g]` slots for group g.
+  KvCache(const ModelConfig& config, std::vector<int64_t> n_slots, DType type = DType::F16);
+  // The same number of slots in every group.
   KvCache(const ModelConfig& config, int64_t n_slots, DType type = DType::F16);
-  int64_t n_slots() const { return n_slots_; }
+  int64_t n_slots(int group = 0) const { return n_slots_[group]; }
+  int n_groups() const { return int(n_slots_.size()); }
   int64_t kv_dim() const { return kv_dim_; }
   DType type() const { return type_; }
-  // Stores one token's K and V (kv_dim floats each) of `layer` in `slot`.
+  // Bytes of K and V per token per layer.
+  size_t bytes_per_slot_per_layer() const { return 2 * kv_dim_ * elem_bytes_; }
+  // Stores one token's K and V (kv_dim floats each) of `layer` in `slot` of the layer's group.
   void write(int64_t layer, int32_t slot, const float* k, const float* v);
   // The layer's pools for the attention kernel.
   KvLayerView view(int64_t layer) const;
-  uint64_t bytes() const { return uint64_t(k_.size()) * 2 * n_slots_ * kv_dim_ * elem_bytes_; }
+  uint64_t bytes() const;
 
  private:
-  int64_t n_slots_, kv_dim_;
+  std::vector<int64_t> n_slots_;
+  std::vector<int> layer_group_;
+  int64_t kv_dim_;
   DType type_;
   size_t elem_bytes_;
   std::vector<std::vector<uint8_t>> k_, v_;
 };
 
-// One step's tokens from any number of sequences, each with its position and KV slot.
+// One step's tokens from any number of sequences, each with its position and, per KV group, the
+// slot it writes and the slot table of its sequence.
 struct Batch {
+  explicit Batch(int n_groups = 1) : slots(n_groups), slot_tables(n_groups) {}
+
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;
-  std::vector<int32_t> seq_ids;  // index into slot_tables
-  std::vector<int32_t> slots;    // KV slot this token's K/V is written to
+  std::vector<int32_t> seq_ids;  // index into slot_tables[g]
   std::vector<uint8_t> want_logits;
-  // Per sequence: slot of each position 0..max position in this batch (earlier tokens included).
-  std::vector<std::vector<int32_t>> slot_tables;
+  std::vector<std::vector<int32_t>> slots;  // [group][token]: slot this token's K/V is written to
+  // [group][sequence][position]: slot of each position 0..max position in this batch (earlier
+  // tokens included; positions outside a sliding window may be -1).
+  std::vector<std::vector<std::vector<int32_t>>> slot_tables;
 
-  // Appends one token.
+  // Appends one token writing `slot` in every group.
   void add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits);
   size_t size() const { return tokens.size(); }
+  int n_groups() const { return int(slots.size()); }
 };
 
 struct LoadOptions {
@@ -74,6 +87,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
 
  private:
+  void validate_batch(const Batch& batch, const KvCache& kv) const;
   void attention_block(int64_t il, const Batch& batch, KvCache& kv, std::vector<float>& x) const;
   void ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const;
   void apply_rope(float* vec, int64_t n_heads, int32_t pos, bool swa_layer) const;

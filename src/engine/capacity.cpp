@@ -1,0 +1,52 @@
+#include "engine/capacity.h"
+
+#include <cmath>
+#include <map>
+
+#include "base/error.h"
+
+namespace serval {
+
+PlanResult plan_capacity(const PlanInput& in) {
+  check(in.n_layers > 0 && in.n_kv_heads > 0 && in.d_head > 0, "layers, KV heads and head dimension must be positive");
+  check(in.context > 0 && in.kv_dtype_bytes > 0, "context and KV dtype size must be positive");
+  check(in.weight_bytes || (in.n_params > 0 && in.weight_bits > 0), "give the parameter count and weight bits, or a model");
+  PlanResult r;
+  r.weight_bytes = in.weight_bytes ? *in.weight_bytes : uint64_t(std::llround(in.n_params * in.weight_bits / 8.0));
+  r.kv_bytes_per_token = uint64_t(std::llround(2.0 * double(in.n_layers) * double(in.n_kv_heads) * double(in.d_head) * in.kv_dtype_bytes));
+  r.kv_bytes_per_sequence = r.kv_bytes_per_token * uint64_t(in.context);
+  r.weights_fit = in.memory_bytes > 0 && r.weight_bytes <= in.memory_bytes;
+  if (r.weights_fit) r.max_sequences = int64_t((in.memory_bytes - r.weight_bytes) / r.kv_bytes_per_sequence);
+  r.kv_bytes_for_users = r.kv_bytes_per_sequence * uint64_t(std::max<int64_t>(in.users, 0));
+  r.users_fit = in.users > 0 && r.weights_fit && r.weight_bytes + r.kv_bytes_for_users <= in.memory_bytes;
+  return r;
+}
+
+bool plan_preset(const std::string& name, PlanInput& in) {
+  struct Shape { double params; int64_t layers, kv_heads, d_head, context; };
+  static const std::map<std::string, Shape> presets = {
+      {"llama3-8b", {8.03e9, 32, 8, 128, 8192}},       {"llama3-70b", {70.6e9, 80, 8, 128, 8192}},
+      {"llama3-405b", {405.9e9, 126, 8, 128, 8192}},   {"llama2-7b", {6.74e9, 32, 32, 128, 4096}},
+      {"qwen2.5-0.5b", {0.494e9, 24, 2, 64, 32768}},   {"qwen2.5-1.5b", {1.54e9, 28, 2, 128, 32768}},
+      {"qwen2.5-7b", {7.62e9, 28, 4, 128, 32768}},     {"gemma3-270m", {0.268e9, 18, 1, 256, 32768}},
+      {"mistral-7b", {7.24e9, 32, 8, 128, 32768}},
+  };
+  auto it = presets.find(name);
+  if (it == presets.end()) return false;
+  in.name = name;
+  in.n_params = it->second.params;
+  in.n_layers = it->second.layers;
+  in.n_kv_heads = it->second.kv_heads;
+  in.d_head = it->second.d_head;
+  return true;
+}
+
+double kv_dtype_bytes(const std::string& name) {
+  static const std::map<std::string, double> sizes = {
+      {"f32", 4}, {"fp32", 4}, {"f16", 2}, {"fp16", 2}, {"bf16", 2}, {"fp8", 1}, {"int8", 1}, {"q8_0", 34.0 / 32}};
+  auto it = sizes.find(name);
+  check(it != sizes.end(), "unknown KV dtype '{}' (f32, f16, bf16, fp8, int8, q8_0)", name);
+  return it->second;
+}
+
+}  // namespace serval

@@ -1,0 +1,202 @@
+#include "engine/engine.h"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "base/error.h"
+
+namespace serval {
+
+uint64_t kv_budget_from_string(const std::string& text) {
+  check(!text.empty(), "empty KV cache size");
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    fail("bad KV cache size '{}' (bytes like 512MiB / 2GB, or a fraction of free memory like 0.5)", text);
+  }
+  std::string unit = text.substr(pos);
+  for (auto& ch : unit) ch = char(std::tolower(ch));
+  check(std::isfinite(value) && value > 0, "KV cache size must be positive, got '{}'", text);
+  if (unit.empty() && value <= 1.0) {  // a fraction of available memory
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return uint64_t(value * double(pages) * double(page));
+  }
+  const std::vector<std::pair<std::string, double>> units = {
+      {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0}, {"m", 1e6}, {"mb", 1e6}, {"mib", 1048576.0},
+      {"g", 1e9}, {"gb", 1e9}, {"gib", 1073741824.0}};
+  for (const auto& [name, mult] : units)
+    if (unit == name) return uint64_t(value * mult);
+  fail("bad KV cache size unit in '{}'", text);
+}
+
+std::string KvCapacity::describe(int64_t max_model_len) const {
+  return fmt::format(
+      "KV cache: {} bytes per token (2 x layers x kv heads x d_head x dtype bytes), {} blocks of {} tokens "
+      "= {} tokens, {:.1f} MiB; {:.2f} sequences of the full context ({} tokens) fit",
+      bytes_per_token, num_blocks, block_size, tokens, double(bytes) / 1048576.0, full_context_sequences, max_model_len);
+}
+
+Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_(std::move(config)) {
+  const auto& c = model_.config();
+  max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, c.n_ctx_train) : c.n_ctx_train;
+  const int64_t dtype_bytes = config_.kv_type == DType::F16 ? 2 : 4;
+  capacity_.bytes_per_token = c.kv_bytes_per_token(dtype_bytes);
+  capacity_.block_size = config_.block_size;
+  const uint64_t bytes_per_block = uint64_t(capacity_.bytes_per_token) * config_.block_size;
+  capacity_.num_blocks = config_.num_blocks > 0 ? config_.num_blocks : int32_t(config_.kv_cache_bytes / bytes_per_block);
+  check(capacity_.num_blocks > 0, "KV cache budget of {} bytes holds no block of {} tokens ({} bytes)",
+        config_.kv_cache_bytes, config_.block_size, bytes_per_block);
+  capacity_.tokens = int64_t(capacity_.num_blocks) * config_.block_size;
+  capacity_.bytes = uint64_t(capacity_.num_blocks) * bytes_per_block;
+  capacity_.full_context_sequences = double(capacity_.tokens) / double(max_model_len_);
+
+  KvManagerConfig kc;
+  kc.block_size = config_.block_size;
+  kc.prefix_caching = config_.prefix_caching;
+  for (int g = 0; g < c.n_kv_groups(); ++g) {
+    kc.blocks_per_group.push_back(capacity_.num_blocks);
+    kc.window_per_group.push_back(c.kv_group_is_swa(g) ? c.sliding_window : 0);
+  }
+  kv_ = std::make_unique<KvManager>(kc);
+  cache_ = std::make_unique<KvCache>(model_.config(), capacity_.tokens, config_.kv_type);
+  scheduler_ = std::make_unique<Scheduler>(*kv_, config_.scheduler);
+}
+
+RequestId Engine::add_request(std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token) {
+  const auto& tok = model_.tokenizer();
+  check(!prompt.empty(), "the prompt is empty");
+  for (int32_t t : prompt) check(t >= 0 && t < tok.n_vocab(), "prompt token {} is outside the vocabulary", t);
+  params.sampling.validate(tok.n_vocab());
+  check(params.max_tokens >= 1, "max_tokens must be at least 1 (got {})", params.max_tokens);
+  const int64_t total = int64_t(prompt.size()) + params.max_tokens;
+  check(int64_t(prompt.size()) < max_model_len_, "the prompt has {} tokens; the model's context is {} tokens",
+        prompt.size(), max_model_len_);
+  const int64_t needed = std::min(total, max_model_len_);
+  check(kv_->fits_alone(needed, config_.scheduler.max_batched_tokens),
+        "the request needs KV for {} tokens but the whole cache holds {} tokens", needed, capacity_.tokens);
+  const RequestId id = next_id_++;
+  auto r = std::make_unique<Request>(id, std::move(prompt), std::move(params), std::move(on_token), arrivals_++);
+  scheduler_->add(r.get());
+  counters_.prompt_tokens += r->n_prompt;
+  requests_.emplace(id, std::move(r));
+  return id;
+}
+
+bool Engine::abort(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  finish(*it->second, FinishReason::Abort);
+  return true;
+}
+
+void Engine::abort_all() {
+  while (!requests_.empty()) finish(*requests_.begin()->second, FinishReason::Abort);
+}
+
+void Engine::fail_all(const std::string& message) {
+  while (!requests_.empty()) finish(*requests_.begin()->second, FinishReason::Error, message);
+}
+
+void Engine::finish(Request& r, FinishReason reason, const std::string& error) {
+  scheduler_->remove(&r);  // frees the KV blocks now
+  r.state = RequestState::Finished;
+  r.finish_reason = reason;
+  TokenEvent ev;
+  ev.id = r.id;
+  ev.finished = true;
+  ev.reason = reason;
+  ev.error = error;
+  const RequestId id = r.id;
+  auto cb = std::move(r.on_token);
+  requests_.erase(id);
+  if (cb) cb(ev);
+}
+
+bool Engine::should_stop(const Request& r, int32_t token) const {
+  if (!r.params.ignore_eos && model_.tokenizer().is_end_of_generation(token)) return true;
+  const auto& stops = r.params.stop_token_ids;
+  return std::find(stops.begin(), stops.end(), token) != stops.end();
+}
+
+Batch Engine::build_batch(const SchedulerOutput& plan, std::vector<int64_t>& logit_row) const {
+  const int n_groups = model_.config().n_kv_groups();
+  const int64_t bs = config_.block_size;
+  Batch batch(n_groups);
+  for (int g = 0; g < n_groups; ++g) batch.slot_tables[g].resize(plan.scheduled.size());
+  int64_t n_logits = 0;
+  for (size_t s = 0; s < plan.scheduled.size(); ++s) {
+    const Request& r = *plan.scheduled[s].request;
+    const int64_t begin = r.num_computed_tokens, end = begin + plan.scheduled[s].num_new_tokens;
+    for (int g = 0; g < n_groups; ++g) {
+      auto& table = batch.slot_tables[g][s];
+      const auto& blocks = r.kv.table(g);
+      table.resize(end);
+      for (int64_t p = 0; p < end; ++p) table[p] = blocks[p / bs] < 0 ? -1 : int32_t(blocks[p / bs] * bs + p % bs);
+    }
+    for (int64_t p = begin; p < end; ++p) {
+      const bool logits = p == r.num_tokens() - 1;
+      batch.tokens.push_back(r.tokens[p]);
+      batch.positions.push_back(int32_t(p));
+      batch.seq_ids.push_back(int32_t(s));
+      batch.want_logits.push_back(logits);
+      for (int g = 0; g < n_groups; ++g) batch.slots[g].push_back(batch.slot_tables[g][s][p]);
+    }
+    logit_row.push_back(end == r.num_tokens() ? n_logits++ : -1);
+  }
+  return batch;
+}
+
+bool Engine::step() {
+  const SchedulerOutput plan = scheduler_->schedule();
+  if (plan.empty()) return false;
+  std::vector<int64_t> logit_row;
+  const Batch batch = build_batch(plan, logit_row);
+  model_.forward(batch, *cache_, logits_);
+  ++counters_.steps;
+  counters_.computed_tokens += int64_t(batch.size());
+  const int64_t n_vocab = model_.config().n_vocab;
+  for (size_t s = 0; s < plan.scheduled.size(); ++s) {
+    Request& r = *plan.scheduled[s].request;
+    r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
+    kv_->commit(r.kv, r.tokens, r.num_computed_tokens);
+    if (logit_row[s] < 0) continue;  // a prefill chunk that does not reach the end yet
+    const std::span<const float> logits(logits_.data() + logit_row[s] * n_vocab, n_vocab);
+    const SampleResult sample = r.sampler.sample(logits, r.tokens);
+    r.tokens.push_back(sample.token);
+    ++counters_.generation_tokens;
+    r.t_last_token = Clock::now();
+    if (r.num_output_tokens() == 1) r.t_first_token = r.t_last_token;
+    if (r.on_token) r.on_token({r.id, sample.token, sample.logprob, sample.top, false, FinishReason::None, ""});
+    if (should_stop(r, sample.token)) finish(r, FinishReason::Stop);
+    else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= max_model_len_) finish(r, FinishReason::Length);
+  }
+  return true;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = counters_;
+  s.running = int64_t(scheduler_->running().size());
+  s.waiting = int64_t(scheduler_->waiting().size());
+  s.kv_usage = kv_->usage();
+  s.prefix_queries = scheduler_->stats().prefix_queries;
+  s.prefix_hits = scheduler_->stats().prefix_hits;
+  s.preemptions = scheduler_->stats().preemptions;
+  for (int g = 0; g < kv_->n_groups(); ++g) {
+    s.blocks_total += kv_->pool(g).n_blocks();
+    s.blocks_free += kv_->pool(g).n_free();
+    s.blocks_cached_free += kv_->pool(g).n_cached_free();
+  }
+  for (const Request* r : scheduler_->running()) {
+    for (int g = 0; g < kv_->n_groups(); ++g)
+      for (int32_t b : r->kv.table(g)) s.reserved_slots += b >= 0 ? config_.block_size : 0;
+    s.used_slots += r->num_computed_tokens * kv_->n_groups();
+  }
+  return s;
+}
+
+}  // namespace serval

@@ -1,0 +1,93 @@
+// The engine: requests in, token streams out. One step = schedule -> one flattened forward pass
+// -> sample -> commit. Not thread-safe: EngineLoop runs it on one thread.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "kv/kv_manager.h"
+#include "model/model.h"
+
+namespace serval {
+
+struct EngineConfig {
+  int32_t block_size = 16;
+  uint64_t kv_cache_bytes = 256ull << 20;  // KV budget; see kv_budget_from_string
+  int32_t num_blocks = 0;                  // if > 0, overrides the byte budget (tests)
+  DType kv_type = DType::F16;
+  int64_t max_model_len = 0;  // 0: the model's trained context
+  bool prefix_caching = true;
+  SchedulerConfig scheduler;
+};
+
+// "512MiB", "2GB", "1073741824" or a fraction of free RAM ("0.5") to bytes; throws Error.
+uint64_t kv_budget_from_string(const std::string& text);
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  double kv_usage = 0;  // fraction of blocks held by requests
+  int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;
+  int64_t steps = 0, prompt_tokens = 0, generation_tokens = 0, computed_tokens = 0;
+  int64_t blocks_total = 0, blocks_free = 0, blocks_cached_free = 0;
+  int64_t reserved_slots = 0, used_slots = 0;  // KV slots held by requests vs tokens they hold
+};
+
+// How the KV cache is laid out, printed at start-up.
+struct KvCapacity {
+  int64_t bytes_per_token = 0;  // 2 x n_layers x n_kv_heads x d_head x dtype_bytes
+  int32_t num_blocks = 0;       // per KV group
+  int32_t block_size = 0;
+  int64_t tokens = 0;           // num_blocks x block_size
+  uint64_t bytes = 0;
+  double full_context_sequences = 0;  // sequences of max_model_len that fit
+  std::string describe(int64_t max_model_len) const;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, EngineConfig config);
+
+  // Queues a request; throws Error for an empty prompt, bad parameters or a request that can never fit
+  // (the message says the numbers). Events for it go to `on_token`.
+  RequestId add_request(std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token);
+  // Finishes a request now with reason Abort; its blocks return to the pool at once. False if unknown.
+  bool abort(RequestId id);
+  // Aborts every request (each stream gets its final event).
+  void abort_all();
+  // Ends every request with FinishReason::Error and `message` (after a failed step).
+  void fail_all(const std::string& message);
+  // Runs one iteration; false when there was nothing to do.
+  bool step();
+  bool has_work() const { return !requests_.empty(); }
+  EngineStats stats() const;
+  const KvCapacity& capacity() const { return capacity_; }
+  const KvManager& kv_manager() const { return *kv_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  const Model& model() const { return model_; }
+
+ private:
+  const Model& model_;
+  EngineConfig config_;
+  int64_t max_model_len_;
+  KvCapacity capacity_;
+  std::unique_ptr<KvManager> kv_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<RequestId, std::unique_ptr<Request>> requests_;
+  RequestId next_id_ = 1;
+  int64_t arrivals_ = 0;
+  EngineStats counters_;
+  std::vector<float> logits_;
+
+  Batch build_batch(const SchedulerOutput& plan, std::vector<int64_t>& logit_row) const;
+  void finish(Request& r, FinishReason reason, const std::string& error = "");
+  bool should_stop(const Request& r, int32_t token) const;
+};
+
+}  // namespace serval

@@ -1,0 +1,70 @@
+// A generation request as the engine tracks it: a small state machine with its tokens, the number
+// whose KV is computed (versus all known tokens: the target), its KV allocation and its sampler.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kv/kv_manager.h"
+#include "sampling/sampler.h"
+
+namespace serval {
+
+using RequestId = uint64_t;
+
+enum class RequestState { Waiting, Running, Preempted, Finished };
+enum class FinishReason { None, Stop, Length, Abort, Error };
+
+const char* to_string(RequestState s);
+const char* to_string(FinishReason r);
+
+struct GenerationParams {
+  SamplingParams sampling;
+  int32_t max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's end-of-generation tokens
+  int32_t priority = 0;                 // lower is served first (with the priority policy)
+};
+
+// One generated token, or the end of the stream (finished = true; token may be -1).
+struct TokenEvent {
+  RequestId id = 0;
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+  bool finished = false;
+  FinishReason reason = FinishReason::None;
+  std::string error;  // for FinishReason::Error
+};
+
+using TokenCallback = std::function<void(const TokenEvent&)>;
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  Request(RequestId id, std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token, int64_t arrival);
+
+  RequestId id;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t n_prompt;
+  GenerationParams params;
+  TokenCallback on_token;
+  int64_t arrival;  // order of arrival (ties in priority go to the earlier one)
+
+  RequestState state = RequestState::Waiting;
+  FinishReason finish_reason = FinishReason::None;
+  int64_t num_computed_tokens = 0;  // tokens whose KV is in the cache
+  KvAllocation kv;
+  Sampler sampler;
+  int32_t n_preemptions = 0;
+
+  Clock::time_point t_arrival = Clock::now(), t_first_token{}, t_last_token{};
+
+  // All known tokens need KV; the last one's logits give the next token.
+  int64_t num_tokens() const { return int64_t(tokens.size()); }
+  int64_t num_output_tokens() const { return num_tokens() - n_prompt; }
+  bool is_finished() const { return state == RequestState::Finished; }
+};
+
+}  // namespace serval

@@ -1,0 +1,306 @@
+// The engine end to end on real models: every request gets exactly the tokens (and log-probabilities)
+// it gets when run alone, whatever else shares its steps, whatever the chunking, with or without
+// prefix-cache hits and preemptions; aborts and finished requests return every block.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "base/error.h"
+#include "engine/capacity.h"
+#include "engine/engine.h"
+#include "engine/engine_loop.h"
+#include "engine/naive_engine.h"
+#include "model/session.h"
+#include "test_support.h"
+
+namespace serval {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason reason = FinishReason::None;
+};
+
+// The oracle: one sequence on its own cache, sampled with the same parameters.
+Outcome run_alone(const Model& m, const std::vector<int32_t>& prompt, const GenerationParams& p) {
+  SingleSequence seq(m, int64_t(prompt.size()) + p.max_tokens);
+  Sampler sampler(p.sampling);
+  std::vector<int32_t> history = prompt;
+  auto logits = seq.eval(prompt);
+  Outcome o;
+  for (int i = 0; i < p.max_tokens; ++i) {
+    const auto r = sampler.sample(logits, history);
+    o.tokens.push_back(r.token);
+    o.logprobs.push_back(r.logprob);
+    history.push_back(r.token);
+    if (!p.ignore_eos && m.tokenizer().is_end_of_generation(r.token)) return o.reason = FinishReason::Stop, o;
+    if (i + 1 < p.max_tokens) logits = seq.eval(std::vector<int32_t>{r.token});
+  }
+  o.reason = FinishReason::Length;
+  return o;
+}
+
+void expect_pool_whole(const Engine& e) {
+  const auto& kv = e.kv_manager();
+  for (int g = 0; g < kv.n_groups(); ++g) {
+    EXPECT_EQ(kv.pool(g).n_free(), kv.pool(g).n_blocks()) << "leaked blocks in group " << g;
+    for (int32_t b = 0; b < kv.pool(g).n_blocks(); ++b) ASSERT_EQ(kv.pool(g).ref_count(b), 0);
+  }
+}
+
+// Runs the engine until idle, collecting each request's events.
+std::map<RequestId, Outcome> drain(Engine& e, std::map<RequestId, Outcome>& out, int max_steps = 100000) {
+  for (int i = 0; i < max_steps && e.has_work(); ++i) e.step();
+  EXPECT_FALSE(e.has_work()) << "engine did not finish (deadlock?)";
+  return out;
+}
+
+TokenCallback collect(std::map<RequestId, Outcome>& out, RequestId* id_slot) {
+  return [&out, id_slot](const TokenEvent& ev) {
+    auto& o = out[ev.id];
+    if (ev.finished) o.reason = ev.reason;
+    else o.tokens.push_back(ev.token), o.logprobs.push_back(ev.logprob);
+  };
+}
+
+GenerationParams sampled(int max_tokens, uint64_t seed, float temp = 0.9f) {
+  GenerationParams p;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = temp;
+  p.sampling.seed = seed;
+  return p;
+}
+
+class StoriesEngine : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Model::load(test::shared_path("models/stories260K.gguf")).release(); }
+  static void TearDownTestSuite() { delete model_; }
+  static Model* model_;
+  std::vector<int32_t> encode(const std::string& s) const { return model_->tokenizer().encode(s, true); }
+};
+Model* StoriesEngine::model_ = nullptr;
+
+TEST_F(StoriesEngine, ConcurrentEqualsAloneForAnyChunkSizeAndCacheState) {
+  const std::vector<std::string> texts = {"Once upon a time", "Once upon a time there was a dog named Max",
+                                          "The little girl went to the park", "Once upon a time there was a cat",
+                                          "Lily and Tom were best friends. They liked to play"};
+  std::vector<Outcome> alone;
+  for (size_t i = 0; i < texts.size(); ++i) alone.push_back(run_alone(*model_, encode(texts[i]), sampled(30, i)));
+  for (int64_t chunk : {1, 5, 16, 512}) {
+    for (bool prefix_caching : {false, true}) {
+      EngineConfig cfg;
+      cfg.block_size = 4;
+      cfg.num_blocks = 256;
+      cfg.prefix_caching = prefix_caching;
+      cfg.scheduler.max_batched_tokens = chunk;
+      Engine e(*model_, cfg);
+      for (int round = 0; round < 2; ++round) {  // round 1 runs with a warm prefix cache
+        std::map<RequestId, Outcome> out;
+        std::vector<RequestId> ids;
+        for (size_t i = 0; i < texts.size(); ++i) ids.push_back(e.add_request(encode(texts[i]), sampled(30, i), collect(out, nullptr)));
+        drain(e, out);
+        for (size_t i = 0; i < texts.size(); ++i) {
+          EXPECT_EQ(out[ids[i]].tokens, alone[i].tokens) << "chunk " << chunk << " caching " << prefix_caching << " round " << round;
+          EXPECT_EQ(out[ids[i]].logprobs, alone[i].logprobs) << "bitwise log-probabilities";
+        }
+        expect_pool_whole(e);
+      }
+      if (prefix_caching) EXPECT_GT(e.stats().prefix_hits, 0);
+      else EXPECT_EQ(e.stats().prefix_hits, 0);
+    }
+  }
+}
+
+TEST_F(StoriesEngine, RandomizedArrivalsAbortsAndPreemption) {
+  std::mt19937 rng(2024);
+  const std::vector<std::string> bases = {"Once upon a time there was", "One day a little boy named Tim",
+                                          "The sun was shining and the birds", "Lily loved her red ball"};
+  struct Spec { std::vector<int32_t> prompt; GenerationParams params; };
+  std::vector<Spec> specs;
+  for (int i = 0; i < 300; ++i) {
+    auto prompt = encode(bases[rng() % bases.size()]);
+    const int extra = int(rng() % 30);  // random suffix after a shared prefix
+    for (int k = 0; k < extra; ++k) prompt.push_back(int32_t(3 + rng() % 500));
+    GenerationParams p = sampled(1 + int(rng() % 40), i, (rng() % 3 == 0) ? 0.0f : 1.0f);
+    p.priority = int(rng() % 3);
+    specs.push_back({prompt, p});
+  }
+  for (auto policy : {SchedulingPolicy::Fcfs, SchedulingPolicy::Priority}) {
+    EngineConfig cfg;
+    cfg.block_size = 8;
+    cfg.num_blocks = 24;  // 192 tokens for everyone: preemption is certain
+    cfg.scheduler.max_batched_tokens = 48;
+    cfg.scheduler.max_seqs = 12;
+    cfg.scheduler.policy = policy;
+    Engine e(*model_, cfg);
+    std::map<RequestId, Outcome> out;
+    std::map<RequestId, size_t> spec_of;
+    std::vector<RequestId> aborted;
+    size_t next = 0;
+    int steps = 0;
+    while ((next < specs.size() || e.has_work()) && steps < 200000) {
+      for (int k = int(rng() % 4); k > 0 && next < specs.size(); --k, ++next)
+        spec_of[e.add_request(specs[next].prompt, specs[next].params, collect(out, nullptr))] = next;
+      if (rng() % 25 == 0 && !e.scheduler().running().empty()) {
+        const RequestId victim = e.scheduler().running()[rng() % e.scheduler().running().size()]->id;
+        EXPECT_TRUE(e.abort(victim));
+        aborted.push_back(victim);
+      }
+      e.step();
+      ++steps;
+    }
+    ASSERT_FALSE(e.has_work()) << "no progress (deadlock?)";
+    EXPECT_GT(e.stats().preemptions, 0) << "the pool should have forced preemptions";
+    EXPECT_GT(e.stats().prefix_hits, 0);
+    for (const auto& [id, idx] : spec_of) {
+      const Outcome want = run_alone(*model_, specs[idx].prompt, specs[idx].params);
+      const Outcome& got = out[id];
+      if (got.reason == FinishReason::Abort) {
+        ASSERT_LE(got.tokens.size(), want.tokens.size());
+        EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), want.tokens.begin())) << "request " << idx;
+      } else {
+        EXPECT_EQ(got.tokens, want.tokens) << "request " << idx;
+        EXPECT_EQ(got.reason, want.reason) << "request " << idx;
+      }
+    }
+    EXPECT_EQ(out.size(), specs.size()) << "every request ends with a final event";
+    expect_pool_whole(e);
+  }
+}
+
+TEST_F(StoriesEngine, AbortReturnsBlocksAtOnce) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 64;
+  Engine e(*model_, cfg);
+  std::map<RequestId, Outcome> out;
+  const RequestId id = e.add_request(encode("Once upon a time there was a big dog"), sampled(50, 1), collect(out, nullptr));
+  e.step();
+  e.step();
+  EXPECT_GT(e.stats().kv_usage, 0.0);
+  EXPECT_TRUE(e.abort(id));
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+  EXPECT_EQ(out[id].reason, FinishReason::Abort);
+  EXPECT_FALSE(e.abort(id));
+  expect_pool_whole(e);
+}
+
+TEST_F(StoriesEngine, RejectsWhatCanNeverFitWithTheNumbers) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 8;  // 32 tokens
+  Engine e(*model_, cfg);
+  std::map<RequestId, Outcome> out;
+  try {
+    e.add_request(encode("Once upon a time"), sampled(40, 1), collect(out, nullptr));
+    FAIL() << "accepted a request that cannot fit";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("45 tokens"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("32 tokens"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.add_request({}, sampled(4, 1), nullptr), Error);
+  EXPECT_THROW(e.add_request({1, 99999}, sampled(4, 1), nullptr), Error);
+  EXPECT_THROW(e.add_request({1}, sampled(0, 1), nullptr), Error);
+  EXPECT_FALSE(e.has_work());
+}
+
+TEST_F(StoriesEngine, NaiveBaselineGivesTheSameTokens) {
+  const std::vector<std::string> texts = {"Once upon a time", "The little girl went to the park and saw",
+                                          "Tom had a red ball"};
+  std::vector<NaiveRequest> reqs;
+  for (size_t i = 0; i < texts.size(); ++i) reqs.push_back({encode(texts[i]), sampled(10 + 7 * int(i), i)});
+  NaiveEngine naive(*model_, 2);
+  const NaiveResult r = naive.run(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(r.outputs[i], run_alone(*model_, reqs[i].prompt, reqs[i].params).tokens);
+  EXPECT_GT(r.reserved_slot_steps, r.used_slot_steps);
+}
+
+TEST_F(StoriesEngine, EngineLoopStreamsAndAborts) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 128;
+  Engine e(*model_, cfg);
+  EngineLoop loop(e);
+  auto s1 = loop.submit(encode("Once upon a time"), sampled(12, 3));
+  auto s2 = loop.submit(encode("Lily"), sampled(400, 4));
+  EXPECT_THROW(loop.submit({}, sampled(4, 1)), Error);
+  std::vector<int32_t> got;
+  for (;;) {
+    auto ev = s1->next(std::chrono::seconds(30));
+    ASSERT_TRUE(ev.has_value());
+    if (ev->finished) {
+      EXPECT_EQ(ev->reason, FinishReason::Length);
+      break;
+    }
+    got.push_back(ev->token);
+  }
+  EXPECT_EQ(got, run_alone(*model_, encode("Once upon a time"), sampled(12, 3)).tokens);
+  loop.abort(s2->id);
+  for (;;) {
+    auto ev = s2->next(std::chrono::seconds(30));
+    ASSERT_TRUE(ev.has_value());
+    if (ev->finished) {
+      EXPECT_EQ(ev->reason, FinishReason::Abort);
+      break;
+    }
+  }
+  EXPECT_EQ(loop.stats().kv_usage, 0.0);
+}
+
+// The default real model: concurrent requests equal the same requests one by one.
+TEST(RealModelEngine, DefaultModelBatchInvariance) {
+  const std::string path = test::cached_model("qwen2.5-coder-0.5b-instruct");
+  ASSERT_FALSE(path.empty()) << "run scripts/setup";
+  auto m = Model::load(path);
+  const std::vector<std::string> texts = {"def fibonacci(n):", "The capital of France is",
+                                          "# Sort a list in Python\n", "def fibonacci(n):\n    if n < 2:"};
+  for (int64_t chunk : {3, 64}) {
+    EngineConfig cfg;
+    cfg.block_size = 16;
+    cfg.num_blocks = 64;
+    cfg.scheduler.max_batched_tokens = chunk;
+    Engine e(*m, cfg);
+    std::map<RequestId, Outcome> out;
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < texts.size(); ++i)
+      ids.push_back(e.add_request(m->tokenizer().encode(texts[i], true), sampled(12, i, i % 2 ? 0.0f : 0.8f), collect(out, nullptr)));
+    drain(e, out);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const Outcome want = run_alone(*m, m->tokenizer().encode(texts[i], true), sampled(12, i, i % 2 ? 0.0f : 0.8f));
+      EXPECT_EQ(out[ids[i]].tokens, want.tokens) << texts[i] << " chunk " << chunk;
+      EXPECT_EQ(out[ids[i]].logprobs, want.logprobs) << texts[i] << " chunk " << chunk;
+    }
+    expect_pool_whole(e);
+  }
+}
+
+TEST(Capacity, ReproducesTheSeedFigures) {
+  const double GiB = 1024.0 * 1024 * 1024;
+  PlanInput in;
+  ASSERT_TRUE(plan_preset("llama3-8b", in));
+  in.context = 8192;
+  in.memory_bytes = 80ull << 30;
+  auto r = plan_capacity(in);
+  EXPECT_EQ(r.kv_bytes_per_token, 2ull * 32 * 8 * 128 * 2);
+  EXPECT_DOUBLE_EQ(r.kv_bytes_per_sequence / GiB, 1.0);  // ~1 GiB per 8K sequence
+  ASSERT_TRUE(plan_preset("llama3-70b", in));
+  r = plan_capacity(in);
+  EXPECT_DOUBLE_EQ(r.kv_bytes_per_sequence / GiB, 2.5);
+  in.context = 32768;
+  in.users = 100;
+  r = plan_capacity(in);
+  EXPECT_DOUBLE_EQ(r.kv_bytes_per_sequence / GiB, 10.0);
+  EXPECT_NEAR(r.kv_bytes_for_users / 1e12, 1.07, 0.01);  // ~1 TB for 100 users at 32K
+  in.users = 0;
+  in.memory_bytes = 48ull * 1000 * 1000 * 1000;
+  in.weight_bits = 4;
+  EXPECT_TRUE(plan_capacity(in).weights_fit);  // 4-bit 70B: ~35 GB
+  in.weight_bits = 16;
+  EXPECT_FALSE(plan_capacity(in).weights_fit);  // BF16 70B: ~141 GB
+  EXPECT_EQ(plan_capacity(in).max_sequences, 0);
+}
+
+}  // namespace
+}  // namespace serval
