@@ -15,6 +15,8 @@ void add_tokenize(CLI::App& app);
 void add_pull(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_score(CLI::App& app);
+void add_plan(CLI::App& app);
+void add_bench_serving(CLI::App& app);
 
 // A model argument is a path, or the name of a model in the cache (~/.cache/serval/models/NAME.gguf).
 std::string resolve_model_path(const std::string& name_or_path);
