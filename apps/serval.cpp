@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   serval::cli::add_bench(app);
   serval::cli::add_score(app);
   serval::cli::add_plan(app);
+  serval::cli::add_serve(app);
   serval::cli::add_bench_serving(app);
   try {
     app.parse(argc, argv);

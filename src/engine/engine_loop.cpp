@@ -66,6 +66,11 @@ void EngineLoop::run_on_engine_failure(const std::string& message) { engine_.fai
 
 std::shared_ptr<TokenStream> EngineLoop::submit(std::vector<int32_t> prompt, GenerationParams params) {
   auto stream = std::make_shared<TokenStream>();
+  stream->id = submit_into(std::move(prompt), std::move(params), stream);
+  return stream;
+}
+
+RequestId EngineLoop::submit_into(std::vector<int32_t> prompt, GenerationParams params, std::shared_ptr<TokenStream> stream) {
   std::promise<RequestId> result;
   auto future = result.get_future();
   post([&, stream] {
@@ -76,8 +81,7 @@ std::shared_ptr<TokenStream> EngineLoop::submit(std::vector<int32_t> prompt, Gen
       result.set_exception(std::current_exception());
     }
   });
-  stream->id = future.get();  // rethrows the engine's Error
-  return stream;
+  return future.get();  // rethrows the engine's Error
 }
 
 void EngineLoop::abort(RequestId id) {

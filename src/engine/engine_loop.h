@@ -34,6 +34,8 @@ class EngineLoop {
 
   // Queues a request; throws Error (from the engine's checks) synchronously.
   std::shared_ptr<TokenStream> submit(std::vector<int32_t> prompt, GenerationParams params);
+  // Queues a request whose events go to `stream` (shared by several requests); returns its id.
+  RequestId submit_into(std::vector<int32_t> prompt, GenerationParams params, std::shared_ptr<TokenStream> stream);
   // Aborts a request (no effect if it has finished).
   void abort(RequestId id);
   // Runs `fn` on the engine thread between steps and waits for it (stats, views).

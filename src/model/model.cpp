@@ -15,8 +15,8 @@ KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
   for (int64_t il = 0; il < c.n_layer; ++il) {
     layer_group_.push_back(c.kv_group(il));
     const size_t bytes = size_t(n_slots_[layer_group_.back()]) * kv_dim_ * elem_bytes_;
-    k_.emplace_back(bytes);
-    v_.emplace_back(bytes);
+    k_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
+    v_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
   }
 }
 
@@ -25,27 +25,23 @@ KvCache::KvCache(const ModelConfig& c, int64_t n_slots, DType type)
 
 uint64_t KvCache::bytes() const {
   uint64_t total = 0;
-  for (const auto& k : k_) total += 2 * k.size();
+  for (const auto& k : k_) total += 2 * k.bytes;
   return total;
 }
 
 void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
-  uint8_t* kd = k_[layer].data() + int64_t(slot) * kv_dim_ * elem_bytes_;
-  uint8_t* vd = v_[layer].data() + int64_t(slot) * kv_dim_ * elem_bytes_;
+  uint8_t* kd = k_[layer].data.get() + int64_t(slot) * kv_dim_ * elem_bytes_;
+  uint8_t* vd = v_[layer].data.get() + int64_t(slot) * kv_dim_ * elem_bytes_;
   if (type_ == DType::F32) {
     std::memcpy(kd, k, kv_dim_ * 4);
     std::memcpy(vd, v, kv_dim_ * 4);
     return;
   }
-  auto* kh = reinterpret_cast<uint16_t*>(kd);
-  auto* vh = reinterpret_cast<uint16_t*>(vd);
-  for (int64_t i = 0; i < kv_dim_; ++i) {
-    kh[i] = f32_to_fp16(k[i]);
-    vh[i] = f32_to_fp16(v[i]);
-  }
+  f32_to_fp16_row(k, reinterpret_cast<uint16_t*>(kd), kv_dim_);
+  f32_to_fp16_row(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
 }
 
-KvLayerView KvCache::view(int64_t layer) const { return {type_, k_[layer].data(), v_[layer].data(), kv_dim_}; }
+KvLayerView KvCache::view(int64_t layer) const { return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_}; }
 
 void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits) {
   tokens.push_back(token);

@@ -38,7 +38,12 @@ class KvCache {
   int64_t kv_dim_;
   DType type_;
   size_t elem_bytes_;
-  std::vector<std::vector<uint8_t>> k_, v_;
+  // Uninitialized on purpose: pages are only touched (and become resident) when written.
+  struct Pool {
+    std::unique_ptr<uint8_t[]> data;
+    size_t bytes = 0;
+  };
+  std::vector<Pool> k_, v_;
 };
 
 // One step's tokens from any number of sequences, each with its position and, per KV group, the

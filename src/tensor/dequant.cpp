@@ -1,13 +1,14 @@
 #include "tensor/dequant.h"
 
 #include <cstring>
+#include <immintrin.h>
 
 #include "base/error.h"
 #include "tensor/blocks.h"
 
 namespace serval {
 
-float fp16_to_f32(uint16_t h) {
+float fp16_to_f32_portable(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1F;
   uint32_t mant = h & 0x3FF;
@@ -37,7 +38,7 @@ float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-uint16_t f32_to_fp16(float f) {
+uint16_t f32_to_fp16_portable(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
@@ -60,6 +61,32 @@ uint16_t f32_to_fp16(float f) {
   return uint16_t(half);
 }
 
+#if defined(__F16C__)
+float fp16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+uint16_t f32_to_fp16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#else
+float fp16_to_f32(uint16_t h) { return fp16_to_f32_portable(h); }
+uint16_t f32_to_fp16(float f) { return f32_to_fp16_portable(f); }
+#endif
+
+void fp16_to_f32_row(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = fp16_to_f32(src[i]);
+}
+
+void f32_to_fp16_row(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
+}
+
 namespace {
 
 uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
@@ -69,7 +96,7 @@ uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return 
 void dequantize_row(DType type, const uint8_t* src, float* dst, size_t n) {
   switch (type) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
-    case DType::F16: for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(load_u16(src + 2 * i)); return;
+    case DType::F16: fp16_to_f32_row(reinterpret_cast<const uint16_t*>(src), dst, n); return;
     case DType::BF16: for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(src + 2 * i)); return;
     default: break;
   }

@@ -14,7 +14,7 @@ namespace {
 
 TEST(Dequant, HalfToFloatExhaustiveAgainstF16C) {
   for (uint32_t h = 0; h < 65536; ++h) {
-    const float ours = fp16_to_f32(uint16_t(h));
+    const float ours = fp16_to_f32_portable(uint16_t(h));
     const float hw = _cvtsh_ss(uint16_t(h));
     if (std::isnan(hw)) {
       EXPECT_TRUE(std::isnan(ours)) << h;
@@ -32,8 +32,24 @@ TEST(Dequant, FloatToHalfRoundsLikeF16C) {
     uint32_t bits = state;
     std::memcpy(&f, &bits, 4);
     if (std::isnan(f)) continue;
-    EXPECT_EQ(f32_to_fp16(f), _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)) << f;
+    EXPECT_EQ(f32_to_fp16_portable(f), _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)) << f;
   }
+}
+
+TEST(Dequant, RowConversionsMatchScalar) {
+  std::vector<uint16_t> h(1003);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(i * 65 + 7);
+  std::vector<float> f(h.size());
+  fp16_to_f32_row(h.data(), f.data(), h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const float want = fp16_to_f32_portable(h[i]);
+    if (!std::isnan(want)) EXPECT_EQ(f[i], want) << i;
+  }
+  std::vector<float> x(1003);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * float(i);
+  std::vector<uint16_t> back(x.size());
+  f32_to_fp16_row(x.data(), back.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(back[i], f32_to_fp16_portable(x[i])) << i;
 }
 
 TEST(Dequant, Bf16IsTopHalfOfFloat) {

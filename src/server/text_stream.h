@@ -1,0 +1,42 @@
+// Turning a choice's tokens into text as it streams: UTF-8-safe incremental detokenization and stop
+// strings matched across token boundaries (never emitted, not even in part).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "base/utf8.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval {
+
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Adds text; returns what can be shown now. Sets stopped() when a stop string appeared (the text
+  // before it is returned, the stop string and anything after it are dropped).
+  std::string push(const std::string& text);
+  // What is held back (a possible start of a stop string) once the stream ends without a stop.
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+class ChoiceText {
+ public:
+  ChoiceText(const Tokenizer& tok, std::vector<std::string> stops) : tok_(tok), stop_(std::move(stops)) {}
+  // The text that token `id` makes visible (maybe empty while a character or a stop string is incomplete).
+  std::string push(int32_t id);
+  std::string finish();
+  bool stopped() const { return stop_.stopped(); }
+
+ private:
+  const Tokenizer& tok_;
+  Utf8StreamDecoder utf8_;
+  StopMatcher stop_;
+};
+
+}  // namespace serval
