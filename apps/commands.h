@@ -17,6 +17,7 @@ void add_bench(CLI::App& app);
 void add_score(CLI::App& app);
 void add_plan(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_template(CLI::App& app);
 void add_bench_serving(CLI::App& app);
 
 // A model argument is a path, or the name of a model in the cache (~/.cache/serval/models/NAME.gguf).

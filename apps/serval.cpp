@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   serval::cli::add_score(app);
   serval::cli::add_plan(app);
   serval::cli::add_serve(app);
+  serval::cli::add_template(app);
   serval::cli::add_bench_serving(app);
   try {
     app.parse(argc, argv);

@@ -17,7 +17,7 @@
 
 namespace serval {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
@@ -559,8 +559,16 @@ void HttpServer::Impl::run_job(GenJob& job, httplib::Response& res) {
         if (c.done && !send(chunk_json(j, id, created, index, "", &c, nullptr, false))) return false;
         return true;
       },
-      [this, abort_all, finished_stream](bool) {
-        if (!*finished_stream) abort_all();  // the client went away: free its KV at once
+      [this, abort_all, finished_stream, choices, shared_job](bool) {
+        if (!*finished_stream) {  // the client went away: free its KV at once, count the requests as aborted
+          abort_all();
+          for (auto& c : *choices) {
+            if (c.done) continue;
+            c.done = true;
+            metrics.observe_request(std::chrono::duration<double>(SteadyClock::now() - c.t_start).count(), 0, "abort",
+                                    int64_t(shared_job->prompt.size()), c.tokens);
+          }
+        }
         --in_flight;
       });
 }

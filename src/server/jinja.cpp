@@ -12,7 +12,7 @@
 
 namespace serval::jinja {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // ---------------------------------------------------------------- values
 
@@ -1154,7 +1154,7 @@ Template::Template(const std::string& source) {
 
 Template::~Template() = default;
 
-std::string Template::render(const nlohmann::json& context) const {
+std::string Template::render(const nlohmann::ordered_json& context) const {
   Context c;
   c.scopes.emplace_back();
   add_globals(c);

@@ -19,7 +19,7 @@ class Template {
   ~Template();
   // Renders with the given variables (messages, add_generation_prompt, bos_token, ...); throws
   // serval::Error, including for raise_exception() in the template.
-  std::string render(const nlohmann::json& context) const;
+  std::string render(const nlohmann::ordered_json& context) const;
 
  private:
   std::shared_ptr<Node> root_;
