@@ -191,3 +191,31 @@ def test_sigterm_drains_and_exits_zero():
     t.join()
     assert plain and plain[0][0] == 200 and plain[0][1]["choices"][0]["finish_reason"] in ("length", "abort")
     assert s.proc.wait(timeout=60) == 0
+
+
+def test_request_timeout_aborts():
+    s = Server(STORIES, "--request-timeout", 1)
+    try:
+        t0 = time.time()
+        st, resp, _ = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 1900, "ignore_eos": True,
+                                                 "temperature": 1.0})
+        assert st == 200 and resp["choices"][0]["finish_reason"] in ("abort", "length")
+        if resp["choices"][0]["finish_reason"] == "abort":
+            assert time.time() - t0 < 10
+        assert s.metric("serval:kv_cache_usage_perc") == 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_cors_headers_and_preflight():
+    s = Server(STORIES, "--cors")
+    try:
+        req = urllib.request.Request(s.url + "/v1/completions", method="OPTIONS",
+                                     headers={"Origin": "http://example.test", "Access-Control-Request-Method": "POST"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 204
+            assert r.headers["Access-Control-Allow-Origin"] == "*"
+        st, _, headers = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 2}, headers={"Origin": "http://example.test"})
+        assert st == 200 and headers.get("Access-Control-Allow-Origin") == "*"
+    finally:
+        assert s.stop() == 0

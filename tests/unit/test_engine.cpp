@@ -304,3 +304,44 @@ TEST(Capacity, ReproducesTheSeedFigures) {
 
 }  // namespace
 }  // namespace serval
+
+namespace serval {
+namespace {
+
+// Gemma 3: sliding-window layers keep only the blocks inside their window; the engine's tokens still
+// equal the contiguous single-sequence run.
+TEST(RealModelEngine, Gemma3SlidingWindowFreesBlocksAndMatchesAlone) {
+  const std::string path = test::cached_model("gemma-3-270m");
+  ASSERT_FALSE(path.empty()) << "run scripts/setup";
+  auto m = Model::load(path);
+  ASSERT_EQ(m->config().n_kv_groups(), 2);
+  ASSERT_EQ(m->config().sliding_window, 512);
+  auto prompt = m->tokenizer().encode(test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/tinystory.txt"), true);
+  prompt.resize(700);  // longer than the window
+  GenerationParams p;
+  p.max_tokens = 6;
+  p.sampling.temperature = 0;
+  EngineConfig cfg;
+  cfg.block_size = 16;
+  cfg.num_blocks = 64;  // 1024 tokens per group
+  cfg.scheduler.max_batched_tokens = 256;
+  Engine e(*m, cfg);
+  std::map<RequestId, Outcome> out;
+  const RequestId id = e.add_request(prompt, p, collect(out, nullptr));
+  while (e.has_work()) {
+    e.step();
+    if (e.has_work() && !e.scheduler().running().empty()) {
+      const Request* r = e.scheduler().running()[0];
+      int64_t held_global = 0, held_window = 0;
+      for (int32_t b : r->kv.table(0)) held_global += b >= 0;
+      for (int32_t b : r->kv.table(1)) held_window += b >= 0;
+      EXPECT_LE(held_window, (512 + 256) / 16 + 2) << "the window group keeps only what the window needs";
+      if (r->num_computed_tokens >= 700) EXPECT_GT(held_global, held_window);
+    }
+  }
+  EXPECT_EQ(out[id].tokens, run_alone(*m, prompt, p).tokens);
+  expect_pool_whole(e);
+}
+
+}  // namespace
+}  // namespace serval
