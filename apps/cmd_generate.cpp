@@ -7,6 +7,7 @@
 
 #include "apps/commands.h"
 #include "base/error.h"
+#include "base/file_util.h"
 #include "base/utf8.h"
 #include "model/session.h"
 #include "sampling/sampler.h"
@@ -42,12 +43,7 @@ void parse_logit_bias(const std::vector<std::string>& items, SamplingParams& s) 
 void run_generate(GenerateOptions& o) {
   set_threads(o.threads);
   if (!o.prompt_file.empty()) {
-    FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
-    check(f != nullptr, "{}: cannot open prompt file", o.prompt_file);
-    char buf[65536];
-    o.prompt.clear();
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) o.prompt.append(buf, n);
-    std::fclose(f);
+    o.prompt = read_text_file(o.prompt_file);
   }
   const auto t_load = Clock::now();
   auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});

@@ -9,6 +9,7 @@
 
 #include "apps/commands.h"
 #include "base/error.h"
+#include "base/file_util.h"
 #include "model/session.h"
 #include "sampling/sampler.h"
 
@@ -22,14 +23,11 @@ struct PerplexityOptions {
 
 void run_perplexity(const PerplexityOptions& o) {
   set_threads(o.threads);
-  std::ifstream in(o.file, std::ios::binary);
-  check(in.good(), "{}: cannot open", o.file);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_text_file(o.file);
   auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
   const auto& tok = model->tokenizer();
   check(o.ctx >= 4, "-c must be at least 4");
-  const std::vector<int32_t> tokens = tok.encode(ss.str(), /*add_special=*/true);
+  const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/true);
   const int64_t n_ctx = o.ctx;
   int64_t n_chunks = int64_t(tokens.size()) / n_ctx;
   if (o.max_chunks >= 0) n_chunks = std::min<int64_t>(n_chunks, o.max_chunks);

@@ -3,12 +3,12 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "apps/commands.h"
 #include "base/error.h"
+#include "base/file_util.h"
 #include "engine/engine_loop.h"
 #include "server/http_server.h"
 
@@ -38,11 +38,7 @@ void run_serve(ServeOptions& o) {
     o.server.served_model_name = name.empty() ? o.model : name;
   }
   if (!o.chat_template_file.empty()) {
-    std::ifstream in(o.chat_template_file);
-    check(in.good(), "{}: cannot open chat template", o.chat_template_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    o.server.chat_template = ss.str();
+    o.server.chat_template = read_text_file(o.chat_template_file);
   }
   HttpServer server(o.server);
   server.start();  // /health answers 503 while the model loads

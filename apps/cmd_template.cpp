@@ -2,12 +2,12 @@
 // the exact prompt a chat request becomes).
 #include <fmt/core.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "apps/commands.h"
 #include "base/error.h"
+#include "base/file_util.h"
 #include "model/model.h"
 #include "server/jinja.h"
 
@@ -19,16 +19,8 @@ struct TemplateOptions {
   bool no_generation_prompt = false;
 };
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "{}: cannot open", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void run_template(const TemplateOptions& o) {
-  std::string source = o.template_file.empty() ? "" : read_all(o.template_file);
+  std::string source = o.template_file.empty() ? "" : read_text_file(o.template_file);
   nlohmann::ordered_json ctx{{"bos_token", o.bos}, {"eos_token", o.eos}, {"add_generation_prompt", !o.no_generation_prompt}};
   if (!o.model.empty()) {
     auto m = Model::load(resolve_model_path(o.model));
@@ -39,7 +31,7 @@ void run_template(const TemplateOptions& o) {
   }
   check(!source.empty(), "no chat template (give --template FILE or a model that has one)");
   try {
-    ctx["messages"] = nlohmann::ordered_json::parse(o.messages.rfind("@", 0) == 0 ? read_all(o.messages.substr(1)) : o.messages);
+    ctx["messages"] = nlohmann::ordered_json::parse(o.messages.rfind("@", 0) == 0 ? read_text_file(o.messages.substr(1)) : o.messages);
   } catch (const nlohmann::json::exception& e) {
     fail("--messages is not valid JSON: {}", e.what());
   }

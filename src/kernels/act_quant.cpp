@@ -20,25 +20,25 @@ uint16_t f32_to_bf16(float f) {
   return uint16_t((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
+// One block of 32: scale amax / 127, values rounded half to even; returns the scale and the sum.
+float quantize_block32(const float* x, int8_t* qs, int* sum) {
+  float amax = 0;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[j]));
+  const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+  *sum = 0;
+  for (int j = 0; j < 32; ++j) *sum += (qs[j] = int8_t(round_even(x[j] * id)));
+  return amax / 127.f;
+}
+
 void quantize_q8_0(const float* x, int64_t n, BlockQ8_0* y) {
-  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[j]));
-    const float d = amax / 127.f;
-    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-    y[b].d = f32_to_fp16(d);
-    for (int j = 0; j < 32; ++j) y[b].qs[j] = int8_t(round_even(x[j] * id));
-  }
+  int sum;
+  for (int64_t b = 0; b < n / 32; ++b) y[b].d = f32_to_fp16(quantize_block32(x + b * 32, y[b].qs, &sum));
 }
 
 void quantize_q8_1(const float* x, int64_t n, BlockQ8_1* y) {
-  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[j]));
-    const float d = amax / 127.f;
-    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-    int sum = 0;
-    for (int j = 0; j < 32; ++j) sum += (y[b].qs[j] = int8_t(round_even(x[j] * id)));
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int sum;
+    const float d = quantize_block32(x + b * 32, y[b].qs, &sum);
     y[b].d = f32_to_fp16(d);
     y[b].s = f32_to_fp16(d * float(sum));
   }

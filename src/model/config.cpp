@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/file_util.h"
 #include "io/gguf.h"
 
 namespace serval {
@@ -81,11 +82,9 @@ ModelConfig config_from_gguf(const GgufFile& g) {
 }
 
 ModelConfig config_from_hf(const std::string& path) {
-  std::ifstream in(path);
-  check(in.good(), "{}: cannot open", path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(read_text_file(path));
   } catch (const std::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/file_util.h"
 
 namespace serval {
 namespace {
@@ -21,10 +22,9 @@ TokenAttr attr_from_gguf_type(int64_t t) {
 }
 
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  check(in.good(), "{}: cannot open", path);
+  const std::string text = read_text_file(path);
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
