@@ -163,3 +163,30 @@ def test_pull_unknown_model_fails_clearly():
     p = run("pull", "no-such-model", check=False)
     assert p.returncode == 1
     assert "unknown model 'no-such-model'" in p.stderr
+
+
+def test_plan_json_reproduces_seed_figures():
+    gib = 1024 ** 3
+    j = json.loads(run("plan", "--preset", "llama3-8b", "-c", 8192, "--json").stdout)
+    assert j["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert j["kv_bytes_per_sequence"] == 1 * gib
+    for key in ("weight_bytes", "kv_bytes_per_token", "kv_bytes_per_sequence", "max_sequences"):
+        assert key in j
+    j = json.loads(run("plan", "--preset", "llama3-70b", "-c", 32768, "--users", 100, "--json").stdout)
+    assert j["kv_bytes_per_sequence"] == 10 * gib
+    assert abs(j["kv_bytes_for_users"] / 1e12 - 1.07) < 0.01
+    fits = json.loads(run("plan", "--preset", "llama3-70b", "--weight-bits", 4, "--memory", "48GB", "--json").stdout)
+    assert fits["weights_fit"] and fits["max_sequences"] >= 1
+    bf16 = json.loads(run("plan", "--preset", "llama3-70b", "--weight-bits", 16, "--memory", "48GB", "--json").stdout)
+    assert not bf16["weights_fit"] and bf16["max_sequences"] == 0
+    # From a real file: the measured weight bytes and the model's own shape.
+    j = json.loads(run("plan", cached_model("qwen2.5-coder-0.5b-instruct"), "-c", 32768, "--memory", "24GiB", "--json").stdout)
+    assert j["kv_bytes_per_token"] == 2 * 24 * 2 * 64 * 2
+    assert j["max_sequences"] == (24 * gib - j["weight_bytes"]) // (j["kv_bytes_per_token"] * 32768)
+
+
+def test_bench_serving_reports_both_modes():
+    out = run("bench-serving", "-m", STORIES, "--requests", 8, "--concurrency", 4, "--prompt-len", "8:32",
+              "--output-len", "4:16").stdout
+    assert "| continuous (paged) |" in out and "| naive (static, contiguous) |" in out
+    assert "KV cache:" in run("bench-serving", "-m", STORIES, "--requests", 2, "--mode", "continuous").stderr

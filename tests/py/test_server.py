@@ -203,3 +203,11 @@ def test_client_disconnect_aborts_and_frees_kv(server):
         time.sleep(0.2)
     assert server.metric("serval:kv_cache_usage_perc") == 0
     assert aborted() == aborted_before + 1
+
+
+def test_logit_bias_forces_a_token(client, server):
+    _, t, _ = server.post("/tokenize", {"prompt": " banana", "add_special_tokens": False})
+    assert len(t["tokens"]) == 1
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                  logit_bias={str(t["tokens"][0]): 100})
+    assert r.choices[0].text == " banana" * 3
