@@ -125,12 +125,13 @@ def test_api_key_required():
 
 
 def test_full_queue_is_429_with_retry_after():
-    s = Server(STORIES, "--max-seqs", 1, "--max-waiting", 1)
+    # The default model decodes at tens of tokens per second: a 200-token request runs for seconds.
+    s = Server(cached_model("qwen2.5-coder-0.5b-instruct"), "--max-seqs", 1, "--max-waiting", 1)
     try:
         results = []
 
         def long_request():
-            results.append(s.post("/v1/completions", {"prompt": "Once", "max_tokens": 1500, "ignore_eos": True}))
+            results.append(s.post("/v1/completions", {"prompt": "Once", "max_tokens": 200, "ignore_eos": True}))
 
         threads = [threading.Thread(target=long_request) for _ in range(2)]  # one running, one waiting
         for t in threads:
@@ -162,16 +163,16 @@ def read_sse(sock, until=b"[DONE]", timeout=60):
 
 
 def test_sigterm_drains_and_exits_zero():
-    s = Server(STORIES, "--drain-timeout", 30)
+    s = Server(cached_model("qwen2.5-coder-0.5b-instruct"), "--drain-timeout", 30)
     # An in-flight streaming request and an in-flight non-streaming one.
     sock = socket.create_connection(("127.0.0.1", s.port))
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "ignore_eos": True})
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 60, "stream": True, "ignore_eos": True})
     sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
     first = sock.recv(4096)
     assert b"200" in first.split(b"\r\n")[0]
     plain = []
-    t = threading.Thread(target=lambda: plain.append(s.post("/v1/completions", {"prompt": "Lily", "max_tokens": 300,
+    t = threading.Thread(target=lambda: plain.append(s.post("/v1/completions", {"prompt": "Lily", "max_tokens": 60,
                                                                                "ignore_eos": True})))
     t.start()
     time.sleep(0.05)
@@ -187,9 +188,11 @@ def test_sigterm_drains_and_exits_zero():
     events = [l[6:] for l in (first + rest).decode(errors="replace").split("\n") if l.startswith("data: ")]
     assert events[-1] == "[DONE]", "the stream must end properly"
     finals = [json.loads(e) for e in events[:-1] if json.loads(e)["choices"] and json.loads(e)["choices"][0]["finish_reason"]]
-    assert finals and finals[-1]["choices"][0]["finish_reason"] in ("length", "abort")
+    # Both requests were in flight when the signal came; the drain lets them finish.
+    assert finals and finals[-1]["choices"][0]["finish_reason"] == "length"
     t.join()
-    assert plain and plain[0][0] == 200 and plain[0][1]["choices"][0]["finish_reason"] in ("length", "abort")
+    assert plain and plain[0][0] == 200 and plain[0][1]["choices"][0]["finish_reason"] == "length"
+    assert plain[0][1]["usage"]["completion_tokens"] == 60
     assert s.proc.wait(timeout=60) == 0
 
 
@@ -219,3 +222,19 @@ def test_cors_headers_and_preflight():
         assert st == 200 and headers.get("Access-Control-Allow-Origin") == "*"
     finally:
         assert s.stop() == 0
+
+
+def test_sigterm_past_the_drain_timeout_aborts_with_final_events():
+    s = Server(cached_model("qwen2.5-coder-0.5b-instruct"), "--drain-timeout", 1)
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1000, "stream": True, "ignore_eos": True})
+    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    first = sock.recv(4096)
+    s.proc.send_signal(signal.SIGTERM)
+    rest = read_sse(sock)
+    events = [l[6:] for l in (first + rest).decode(errors="replace").split("\n") if l.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    finals = [json.loads(e) for e in events[:-1] if json.loads(e)["choices"] and json.loads(e)["choices"][0]["finish_reason"]]
+    assert finals[-1]["choices"][0]["finish_reason"] == "abort"
+    assert s.proc.wait(timeout=60) == 0
