@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <fstream>
 
 #include "base/error.h"
 

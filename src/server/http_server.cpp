@@ -135,7 +135,7 @@ struct HttpServer::Impl {
   GenJob parse_job(const json& body, bool chat);
   std::string render_chat(const json& body);
   void run_job(GenJob& job, httplib::Response& res);
-  json sampling_from(const json& body, GenJob& job);
+  void sampling_from(const json& body, GenJob& job);
   std::shared_ptr<TokenStream> submit_all(GenJob& job, std::vector<ChoiceState>& choices);
   bool apply_event(const GenJob& job, std::vector<ChoiceState>& choices, const TokenEvent& ev, std::string& delta_out,
                    size_t& index_out);
@@ -224,7 +224,7 @@ std::string HttpServer::Impl::render_chat(const json& body) {
   }
 }
 
-json HttpServer::Impl::sampling_from(const json& b, GenJob& job) {
+void HttpServer::Impl::sampling_from(const json& b, GenJob& job) {
   SamplingParams& s = job.params.sampling;
   s.temperature = float(field<double>(b, "temperature").value_or(1.0));
   s.top_p = float(field<double>(b, "top_p").value_or(1.0));
@@ -258,7 +258,6 @@ json HttpServer::Impl::sampling_from(const json& b, GenJob& job) {
   } catch (const Error& e) {
     bad_request(e.what());
   }
-  return {};
 }
 
 GenJob HttpServer::Impl::parse_job(const json& b, bool chat) {
