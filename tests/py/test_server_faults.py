@@ -175,7 +175,9 @@ def test_sigterm_drains_and_exits_zero():
     t = threading.Thread(target=lambda: plain.append(s.post("/v1/completions", {"prompt": "Lily", "max_tokens": 60,
                                                                                "ignore_eos": True})))
     t.start()
-    time.sleep(0.05)
+    deadline = time.time() + 20  # both requests admitted before the signal
+    while time.time() < deadline and s.metric("serval:num_requests_running") + s.metric("serval:num_requests_waiting") < 2:
+        time.sleep(0.01)
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     # New requests are refused while draining.
