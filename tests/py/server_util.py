@@ -58,6 +58,14 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
 
+    def open_stream(self, path, body):
+        """Sends a streaming POST on a raw socket (so a test can drop the connection); returns the socket."""
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        data = json.dumps(body)
+        sock.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
+        return sock
+
     def metric(self, name):
         _, text = self.get("/metrics")
         total = 0.0

@@ -189,10 +189,8 @@ def test_client_disconnect_aborts_and_frees_kv(server):
         return float(line.rsplit(" ", 1)[1])
 
     aborted_before = aborted()
-    sock = socket.create_connection(("127.0.0.1", server.port))
-    body = json.dumps({"prompt": "Tell me a very long story.", "max_tokens": 2000, "stream": True, "ignore_eos": True})
-    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    sock = server.open_stream("/v1/completions", {"prompt": "Tell me a very long story.", "max_tokens": 2000,
+                                                  "stream": True, "ignore_eos": True})
     data = b""
     while data.count(b"data: ") < 3:
         data += sock.recv(4096)

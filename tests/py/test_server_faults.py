@@ -165,10 +165,8 @@ def read_sse(sock, until=b"[DONE]", timeout=60):
 def test_sigterm_drains_and_exits_zero():
     s = Server(cached_model("qwen2.5-coder-0.5b-instruct"), "--drain-timeout", 30)
     # An in-flight streaming request and an in-flight non-streaming one.
-    sock = socket.create_connection(("127.0.0.1", s.port))
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 60, "stream": True, "ignore_eos": True})
-    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    sock = s.open_stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 60, "stream": True,
+                                             "ignore_eos": True})
     first = sock.recv(4096)
     assert b"200" in first.split(b"\r\n")[0]
     plain = []
@@ -227,10 +225,8 @@ def test_cors_headers_and_preflight():
 
 def test_sigterm_past_the_drain_timeout_aborts_with_final_events():
     s = Server(cached_model("qwen2.5-coder-0.5b-instruct"), "--drain-timeout", 1)
-    sock = socket.create_connection(("127.0.0.1", s.port))
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1000, "stream": True, "ignore_eos": True})
-    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    sock = s.open_stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 1000, "stream": True,
+                                             "ignore_eos": True})
     first = sock.recv(4096)
     s.proc.send_signal(signal.SIGTERM)
     rest = read_sse(sock)
