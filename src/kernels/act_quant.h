@@ -45,6 +45,10 @@ float vec_dot(DType w_type, const uint8_t* w, const uint8_t* act, int64_t n);
 namespace cpu {
 // Same contract as ref::vec_dot; AVX-512 VNNI for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
 float vec_dot(DType w_type, const uint8_t* w, const uint8_t* act, int64_t n);
+// The weight row dotted with `n_rows` (at most kMaxDotRows) activation rows, unpacking each weight
+// block once; out[r] is bitwise what vec_dot(w, acts[r]) gives.
+constexpr int kMaxDotRows = 4;
+void vec_dot_rows(DType w_type, const uint8_t* w, const uint8_t* const* acts, int n_rows, int64_t n, float* out);
 }  // namespace cpu
 
 }  // namespace serval

@@ -86,9 +86,17 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
 #pragma omp parallel for schedule(static)
   for (int64_t tile = 0; tile < n_tiles; ++tile) {
     const int64_t r0 = tile * kRowsPerTile, r1 = std::min(w.rows, r0 + kRowsPerTile);
-    for (int64_t t = 0; t < n_tok; ++t)
-      for (int64_t r = r0; r < r1; ++r)
-        y[t * w.rows + r] = vec_dot(w.type, w.data + r * w.row_stride, act.quantized.data() + t * act.row_bytes, w.cols);
+    // Tokens in groups: each weight block is unpacked once per group.
+    for (int64_t t0 = 0; t0 < n_tok; t0 += kMaxDotRows) {
+      const int n = int(std::min<int64_t>(kMaxDotRows, n_tok - t0));
+      const uint8_t* acts[kMaxDotRows];
+      for (int k = 0; k < n; ++k) acts[k] = act.quantized.data() + (t0 + k) * act.row_bytes;
+      float out[kMaxDotRows];
+      for (int64_t r = r0; r < r1; ++r) {
+        vec_dot_rows(w.type, w.data + r * w.row_stride, acts, n, w.cols, out);
+        for (int k = 0; k < n; ++k) y[(t0 + k) * w.rows + r] = out[k];
+      }
+    }
   }
 }
 
