@@ -7,6 +7,7 @@
 #include <random>
 
 #include "apps/commands.h"
+#include "apps/engine_flags.h"
 #include "base/error.h"
 #include "model/session.h"
 
@@ -17,11 +18,6 @@ struct BenchOptions {
   std::string model, cache_type = "f16";
   int n_prompt = 128, n_gen = 64, reps = 3, threads = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void run_bench(const BenchOptions& o) {
   set_threads(o.threads);

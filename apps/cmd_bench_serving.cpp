@@ -8,6 +8,7 @@
 #include <random>
 
 #include "apps/commands.h"
+#include "apps/engine_flags.h"
 #include "base/error.h"
 #include "engine/engine.h"
 #include "engine/naive_engine.h"
@@ -16,8 +17,9 @@ namespace serval::cli {
 namespace {
 
 struct ServingOptions {
-  std::string model, mode = "both", kv_memory = "1GiB", prompt_len = "16:256", output_len = "16:128";
-  int requests = 64, concurrency = 32, block_size = 16, max_batched_tokens = 512, threads = 0;
+  std::string model, mode = "both", prompt_len = "16:256", output_len = "16:128";
+  int requests = 64, concurrency = 32, threads = 0;
+  EngineFlags engine{"1GiB"};
   uint64_t seed = 1;
 };
 
@@ -38,17 +40,8 @@ std::pair<int, int> parse_range(const std::string& s) {
   }
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 Summary run_continuous(const Model& m, const std::vector<NaiveRequest>& work, const ServingOptions& o) {
-  EngineConfig cfg;
-  cfg.block_size = o.block_size;
-  cfg.kv_cache_bytes = kv_budget_from_string(o.kv_memory);
-  cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
+  EngineConfig cfg = o.engine.config();
   cfg.scheduler.max_seqs = o.concurrency;
   Engine e(m, cfg);
   fmt::print(stderr, "{}\n", e.capacity().describe(e.max_model_len()));
@@ -133,9 +126,7 @@ void add_bench_serving(CLI::App& app) {
   cmd->add_option("--concurrency", o->concurrency, "sequences at once; the naive batch size (default 32)");
   cmd->add_option("--prompt-len", o->prompt_len, "MIN:MAX prompt tokens (default 16:256)");
   cmd->add_option("--output-len", o->output_len, "MIN:MAX output tokens (default 16:128)");
-  cmd->add_option("--kv-cache-memory", o->kv_memory, "KV budget for the engine (default 1GiB)");
-  cmd->add_option("--block-size", o->block_size, "tokens per KV block (default 16)");
-  cmd->add_option("--max-batched-tokens", o->max_batched_tokens, "tokens per step (default 512)");
+  o->engine.add_to(cmd, /*with_max_seqs=*/false);  // --concurrency sets it
   cmd->add_option("-s,--seed", o->seed, "workload seed");
   cmd->add_option("-t,--threads", o->threads, "threads");
   cmd->callback([o] { run_bench_serving(*o); });

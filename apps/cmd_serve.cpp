@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/engine_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "engine/engine_loop.h"
@@ -16,11 +17,10 @@ namespace serval::cli {
 namespace {
 
 struct ServeOptions {
-  std::string model, kv_memory = "0.25", chat_template_file, cache_type = "f16";
+  std::string model, chat_template_file;
   ServerConfig server;
-  int block_size = 16, max_seqs = 64, threads = 0;
-  int64_t max_batched_tokens = 512, max_model_len = 0;
-  bool no_prefix_caching = false, priority = false;
+  EngineFlags engine{"0.25"};
+  int threads = 0;
 };
 
 void run_serve(ServeOptions& o) {
@@ -44,16 +44,7 @@ void run_serve(ServeOptions& o) {
   server.start();  // /health answers 503 while the model loads
   fmt::print(stderr, "serval: listening on http://{}:{} (loading {})\n", o.server.host, server.port(), path);
   auto model = Model::load(path);
-  EngineConfig ec;
-  ec.block_size = o.block_size;
-  ec.kv_cache_bytes = kv_budget_from_string(o.kv_memory);
-  ec.kv_type = parse_cache_type(o.cache_type);
-  ec.max_model_len = o.max_model_len;
-  ec.prefix_caching = !o.no_prefix_caching;
-  ec.scheduler.max_batched_tokens = o.max_batched_tokens;
-  ec.scheduler.max_seqs = o.max_seqs;
-  ec.scheduler.policy = o.priority ? SchedulingPolicy::Priority : SchedulingPolicy::Fcfs;
-  Engine engine(*model, ec);
+  Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
   EngineLoop loop(engine);
   server.attach(*model, loop);
@@ -90,18 +81,11 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--cors", s.cors, "allow cross-origin requests");
   cmd->add_option("--served-model-name", s.served_model_name, "model name clients use (default: the file name)");
   cmd->add_option("--chat-template", o->chat_template_file, "Jinja chat template file (default: the model's)");
-  cmd->add_option("--kv-cache-memory", o->kv_memory, "KV budget: bytes (512MiB, 2GB) or a fraction of free memory (default 0.25)");
-  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type: f16 (default) or f32");
-  cmd->add_option("--block-size", o->block_size, "tokens per KV block (default 16)");
-  cmd->add_option("--max-batched-tokens", o->max_batched_tokens, "tokens per engine step (default 512)");
-  cmd->add_option("--max-seqs", o->max_seqs, "running requests at most (default 64)");
-  cmd->add_option("--max-model-len", o->max_model_len, "context length (default: the model's)");
+  o->engine.add_to(cmd);
   cmd->add_option("--max-waiting", s.max_waiting, "queued requests before 429 (default 256)");
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (default 4 MiB)");
   cmd->add_option("--request-timeout", s.request_timeout_s, "seconds before a request is aborted (default 600)");
   cmd->add_option("--drain-timeout", s.drain_timeout_s, "seconds in-flight requests get on SIGTERM (default 30)");
-  cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "disable prefix caching");
-  cmd->add_flag("--priority-scheduling", o->priority, "serve by request 'priority' (lower first), then arrival");
   cmd->add_option("-t,--threads", o->threads, "compute threads");
   cmd->callback([o] { run_serve(*o); });
 }

@@ -1,0 +1,56 @@
+// Engine settings as command-line flags, shared by `serve` and `bench-serving`.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "apps/commands.h"
+#include "engine/engine.h"
+
+namespace serval::cli {
+
+struct EngineFlags {
+  std::string kv_memory, cache_type = "f16";
+  int block_size = 16, max_seqs = 64;
+  int64_t max_batched_tokens = 512, max_model_len = 0;
+  bool no_prefix_caching = false, priority = false;
+
+  explicit EngineFlags(std::string default_kv_memory) : kv_memory(std::move(default_kv_memory)) {}
+
+  // Registers the flags on `cmd` (without --max-seqs where the command sets it another way).
+  void add_to(CLI::App* cmd, bool with_max_seqs = true) {
+    cmd->add_option("--kv-cache-memory", kv_memory,
+                    "KV budget: bytes (512MiB, 2GB) or a fraction of free memory (default " + kv_memory + ")");
+    cmd->add_option("--cache-type,--cache-type-k", cache_type, "KV cache type: f16 (default) or f32");
+    cmd->add_option("--block-size", block_size, "tokens per KV block (default 16)");
+    cmd->add_option("--max-batched-tokens", max_batched_tokens, "tokens per engine step (default 512)");
+    if (with_max_seqs) cmd->add_option("--max-seqs", max_seqs, "running requests at most (default 64)");
+    cmd->add_option("--max-model-len", max_model_len, "context length (default: the model's)");
+    cmd->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
+    cmd->add_flag("--priority-scheduling", priority, "serve by request 'priority' (lower first), then arrival");
+  }
+
+  // The engine configuration the flags describe; throws Error for bad values.
+  EngineConfig config() const {
+    EngineConfig ec;
+    ec.block_size = block_size;
+    ec.kv_cache_bytes = kv_budget_from_string(kv_memory);
+    ec.kv_type = parse_cache_type(cache_type);
+    ec.max_model_len = max_model_len;
+    ec.prefix_caching = !no_prefix_caching;
+    ec.scheduler.max_batched_tokens = max_batched_tokens;
+    ec.scheduler.max_seqs = max_seqs;
+    ec.scheduler.policy = priority ? SchedulingPolicy::Priority : SchedulingPolicy::Fcfs;
+    return ec;
+  }
+};
+
+// The median of a sample (the upper one for an even count); 0 for none.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace serval::cli
