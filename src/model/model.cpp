@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <climits>
 #include <cstring>
 
 #include "base/error.h"
@@ -149,18 +150,25 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
 void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
   const auto& c = config_;
   check(batch.n_groups() == c.n_kv_groups() && kv.n_groups() == c.n_kv_groups(), "batch or KV cache has the wrong number of KV groups");
-  for (size_t t = 0; t < batch.size(); ++t) {
-    check(batch.tokens[t] >= 0 && batch.tokens[t] < c.n_vocab, "token id {} is outside the vocabulary", batch.tokens[t]);
-    check(batch.positions[t] >= 0, "negative position");
-    for (int g = 0; g < batch.n_groups(); ++g) {
-      check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
+  for (int g = 0; g < batch.n_groups(); ++g) {
+    check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
+    // Per sequence, the span of positions its tokens attend to: checked once, not once per token.
+    std::vector<std::pair<int64_t, int64_t>> span(batch.slot_tables[g].size(), {INT64_MAX, -1});
+    for (size_t t = 0; t < batch.size(); ++t) {
+      check(batch.tokens[t] >= 0 && batch.tokens[t] < c.n_vocab, "token id {} is outside the vocabulary", batch.tokens[t]);
+      check(batch.positions[t] >= 0, "negative position");
       check(batch.slots[g][t] >= 0 && batch.slots[g][t] < kv.n_slots(g), "KV slot {} out of range", batch.slots[g][t]);
-      check(batch.seq_ids[t] >= 0 && batch.seq_ids[t] < int32_t(batch.slot_tables[g].size()), "bad sequence id");
-      const auto& table = batch.slot_tables[g][batch.seq_ids[t]];
-      check(batch.positions[t] < int32_t(table.size()), "position {} has no KV slot", batch.positions[t]);
-      const int64_t first = c.kv_group_is_swa(g) ? std::max<int64_t>(0, batch.positions[t] - c.sliding_window + 1) : 0;
-      for (int64_t p = first; p <= batch.positions[t]; ++p)
-        check(table[p] >= 0 && table[p] < kv.n_slots(g), "position {} of sequence {} has no valid KV slot", p, batch.seq_ids[t]);
+      check(batch.seq_ids[t] >= 0 && batch.seq_ids[t] < int32_t(span.size()), "bad sequence id");
+      const int64_t pos = batch.positions[t];
+      const int64_t first = c.kv_group_is_swa(g) ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+      auto& sp = span[batch.seq_ids[t]];
+      sp = {std::min(sp.first, first), std::max(sp.second, pos)};
+    }
+    for (size_t s = 0; s < span.size(); ++s) {
+      const auto& table = batch.slot_tables[g][s];
+      check(span[s].second < int64_t(table.size()), "position {} has no KV slot", span[s].second);
+      for (int64_t p = span[s].first; p <= span[s].second; ++p)
+        check(table[p] >= 0 && table[p] < kv.n_slots(g), "position {} of sequence {} has no valid KV slot", p, s);
     }
   }
 }

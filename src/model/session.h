@@ -25,6 +25,7 @@ class SingleSequence {
   const Model& model_;
   int64_t n_ctx_;
   KvCache kv_;
+  std::vector<int32_t> slot_table_;  // position p lives in slot p
   int64_t n_past_ = 0;
 };
 
