@@ -59,6 +59,8 @@ void EngineLoop::run() {
         run_on_engine_failure(e.what());
       }
     }
+    // Counted after scheduling: a request just added is not "waiting" until a step could not take it.
+    waiting_.store(int64_t(engine_.scheduler().waiting().size()), std::memory_order_relaxed);
   }
 }
 

@@ -1,6 +1,7 @@
 // Runs an Engine on its own thread: commands (add, abort) in through a queue, each request's
 // tokens out through its TokenStream. Thread-safe; this is what the server talks to.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -41,6 +42,8 @@ class EngineLoop {
   // Runs `fn` on the engine thread between steps and waits for it (stats, views).
   void run_on_engine(const std::function<void(Engine&)>& fn);
   EngineStats stats();
+  // Requests a step could not schedule, as of the last step (read without waiting for the engine).
+  int64_t waiting() const { return waiting_.load(std::memory_order_relaxed); }
   // Stops taking steps after aborting every request (each stream gets its final event).
   void stop();
 
@@ -49,6 +52,7 @@ class EngineLoop {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> commands_;
+  std::atomic<int64_t> waiting_{0};
   bool stopping_ = false;
   bool exited_ = false;
   std::thread thread_;

@@ -473,8 +473,7 @@ json HttpServer::Impl::final_json(const GenJob& job, const std::string& id, int6
 }
 
 void HttpServer::Impl::run_job(GenJob& job, httplib::Response& res) {
-  int64_t waiting = 0;
-  loop->run_on_engine([&](Engine& e) { waiting = int64_t(e.scheduler().waiting().size()); });
+  const int64_t waiting = loop->waiting();
   if (waiting >= cfg.max_waiting) {
     res.set_header("Retry-After", "1");
     throw ApiError{429, fmt::format("The server is busy ({} requests waiting); retry later", waiting), "rate_limit_exceeded"};

@@ -134,11 +134,14 @@ def test_full_queue_is_429_with_retry_after():
             results.append(s.post("/v1/completions", {"prompt": "Once", "max_tokens": 200, "ignore_eos": True}))
 
         threads = [threading.Thread(target=long_request) for _ in range(2)]  # one running, one waiting
-        for t in threads:
-            t.start()
+        threads[0].start()
         deadline = time.time() + 20
+        while time.time() < deadline and s.metric("serval:num_requests_running") < 1:
+            time.sleep(0.02)
+        threads[1].start()
         while time.time() < deadline and s.metric("serval:num_requests_waiting") < 1:
             time.sleep(0.05)
+        time.sleep(0.3)  # the queue length the server checks is refreshed after each engine step
         st, resp, headers = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
         assert_error(st, resp, 429, "busy")
         assert headers.get("Retry-After") == "1"
