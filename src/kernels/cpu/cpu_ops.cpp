@@ -34,18 +34,17 @@ struct PreparedActivations {
   ActType type;
   size_t row_bytes;
   std::vector<uint8_t> quantized;  // [n_tok, row_bytes] for the Q8 types
-  std::vector<float> rounded;      // [n_tok, cols] for F32 / F16 / BF16
+  std::vector<float> rounded;      // [n_tok, cols] for F16 / BF16
 
   PreparedActivations(DType w_type, const float* x, int64_t cols, int64_t n_tok)
       : type(act_type_for(w_type)), row_bytes(act_row_bytes(type, cols)) {
     const bool floats = type == ActType::F32 || type == ActType::F16 || type == ActType::BF16;
-    if (floats) rounded.assign(x, x + n_tok * cols);
+    if (floats) rounded.assign(x, x + n_tok * cols);  // F16 / BF16: rounded in place below
     else quantized.resize(n_tok * row_bytes);
     std::vector<uint8_t> tmp(floats ? row_bytes : 0);
 #pragma omp parallel for schedule(static) if (n_tok > 1) firstprivate(tmp)
     for (int64_t t = 0; t < n_tok; ++t) {
       if (!floats) { quantize_act_row(type, x + t * cols, cols, quantized.data() + t * row_bytes); continue; }
-      if (type == ActType::F32) continue;
       quantize_act_row(type, x + t * cols, cols, tmp.data());
       dequantize_row(type == ActType::F16 ? DType::F16 : DType::BF16, tmp.data(), rounded.data() + t * cols, cols);
     }
@@ -79,6 +78,7 @@ void matmul_float(const WeightMatrix& w, const float* x, float* y, int64_t n_tok
 }
 
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  if (act_type_for(w.type) == ActType::F32) return matmul_float(w, x, y, n_tok);  // no copy needed
   const PreparedActivations act(w.type, x, w.cols, n_tok);
   if (act.quantized.empty()) return matmul_float(w, act.rounded.data(), y, n_tok);
   constexpr int64_t kRowsPerTile = 8;
