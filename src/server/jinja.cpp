@@ -1,11 +1,17 @@
 #include "server/jinja.h"
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "base/error.h"
@@ -13,6 +19,117 @@
 namespace serval::jinja {
 
 using json = nlohmann::ordered_json;
+
+// ---------------------------------------------------------------- limits and accounting
+//
+// Every parse and render runs with a State naming its Limits: the counters below are charged as the
+// template works, and any limit exceeded throws serval::Error. Thread-local, so renders on different
+// threads (HTTP workers) do not share counters.
+
+struct State {
+  const Limits* lim;
+  uint64_t work = 0;
+  int64_t iterations = 0;
+  int depth = 0;  // calls (filters, blocks) in progress
+};
+thread_local State* g_state = nullptr;
+
+const Limits& limits() {
+  static const Limits defaults;
+  return g_state ? *g_state->lim : defaults;
+}
+
+// Installs a State for the current thread for the lifetime of the scope.
+class StateScope {
+ public:
+  explicit StateScope(const Limits& lim) : saved_(g_state) {
+    state_.lim = &lim;
+    g_state = &state_;
+  }
+  ~StateScope() { g_state = saved_; }
+  StateScope(const StateScope&) = delete;
+  StateScope& operator=(const StateScope&) = delete;
+
+ private:
+  State state_;
+  State* saved_;
+};
+
+// Work units (about one byte copied each): a value element built or copied (an allocation, a copy,
+// a destruction: far dearer than a byte), and one expression evaluated or statement run.
+constexpr uint64_t kNodeCost = 64;
+constexpr uint64_t kEvalCost = 16;
+
+uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+uint64_t sat_mul(uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
+
+void charge(uint64_t units) {
+  if (!g_state) return;
+  g_state->work = sat_add(g_state->work, units);
+  check(g_state->work <= g_state->lim->max_work,
+        "chat template: work limit exceeded (the render does more than max_work = {} units of work)", g_state->lim->max_work);
+}
+
+// Charges a substring search of `needle` in `hay` at its worst case.
+void charge_search(size_t hay, size_t needle) {
+  if (needle == 0 || needle > hay) return charge(hay + 1);
+  charge(sat_mul(hay - needle + 1, needle));
+}
+
+void tick_iteration() {
+  if (!g_state) return;
+  check(++g_state->iterations <= g_state->lim->max_loop_iterations,
+        "chat template: loop iteration limit exceeded (more than {} iterations in one render)", g_state->lim->max_loop_iterations);
+}
+
+void check_string_size(size_t n) {
+  check(n <= limits().max_string_bytes, "chat template: string size limit exceeded ({} bytes; the limit is {})", n,
+        limits().max_string_bytes);
+}
+void check_list_size(size_t n) {
+  check(n <= limits().max_list_items, "chat template: list size limit exceeded ({} items; the limit is {})", n,
+        limits().max_list_items);
+}
+
+// Nesting of calls during a render: filters that apply filters (`map('map')`), nested blocks.
+class DepthGuard {
+ public:
+  DepthGuard() {
+    if (!g_state) return;
+    if (g_state->depth >= g_state->lim->max_depth)
+      fail("chat template: recursion depth limit exceeded (nesting deeper than {})", g_state->lim->max_depth);
+    ++g_state->depth;
+    active_ = true;
+  }
+  ~DepthGuard() {
+    if (active_) --g_state->depth;
+  }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+
+ private:
+  bool active_ = false;
+};
+
+// Checks a value's nesting and sizes against the limits and returns its work cost; never recurses
+// deeper than max_depth, so it is safe on any input.
+uint64_t measure(const json& j, int depth) {
+  const Limits& lim = limits();
+  check(depth <= lim.max_depth, "chat template: value nesting depth limit exceeded (deeper than {})", lim.max_depth);
+  uint64_t cost = kNodeCost;
+  if (j.is_string()) {
+    const size_t n = j.get_ref<const std::string&>().size();
+    check_string_size(n);
+    cost += n;
+  } else if (j.is_array()) {
+    check_list_size(j.size());
+    for (const auto& x : j) cost = sat_add(cost, measure(x, depth + 1));
+  } else if (j.is_object()) {
+    check_list_size(j.size());
+    for (const auto& [k, v] : j.items()) cost = sat_add(cost, sat_add(k.size(), measure(v, depth + 1)));
+  }
+  return cost;
+}
 
 // ---------------------------------------------------------------- values
 
@@ -23,57 +140,120 @@ using Fn = std::function<Value(Args&, Kwargs&)>;
 
 struct Value {
   enum class Kind { Undefined, Data, Namespace, Function } kind = Kind::Undefined;
-  json data;
+  std::shared_ptr<const json> data;  // immutable and shared: copying a Value is cheap
   std::shared_ptr<json> ns;  // namespace(): an object shared by reference
   std::shared_ptr<Fn> fn;
+  uint64_t cost = 0;  // work units of `data` (see measure)
 
   static Value undefined() { return {}; }
-  static Value of(json j) { Value v; v.kind = Kind::Data; v.data = std::move(j); return v; }
+  // Every value a template builds comes through here: checked against the limits and charged.
+  static Value of(json j) {
+    Value v;
+    v.kind = Kind::Data;
+    v.cost = measure(j, 0);
+    charge(v.cost);
+    v.data = std::make_shared<const json>(std::move(j));
+    return v;
+  }
+  // A value from the render's input, measured before it is copied (the copy recurses).
+  static Value input(const json& j) {
+    Value v;
+    v.kind = Kind::Data;
+    v.cost = measure(j, 0);
+    charge(v.cost);
+    v.data = std::make_shared<const json>(j);
+    return v;
+  }
   static Value function(Fn f) { Value v; v.kind = Kind::Function; v.fn = std::make_shared<Fn>(std::move(f)); return v; }
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_data() const { return kind == Kind::Data; }
   const json& j() const {
     static const json null_json;
-    return kind == Kind::Data ? data : kind == Kind::Namespace ? *ns : null_json;
+    return kind == Kind::Data ? *data : kind == Kind::Namespace ? *ns : null_json;
   }
 };
 
 bool truthy(const Value& v) {
   if (v.kind == Value::Kind::Undefined) return false;
   if (v.kind != Value::Kind::Data) return true;
-  const json& j = v.data;
+  const json& j = v.j();
   if (j.is_null()) return false;
   if (j.is_boolean()) return j.get<bool>();
+  if (j.is_number_unsigned()) return j.get<uint64_t>() != 0;
   if (j.is_number_integer()) return j.get<int64_t>() != 0;
   if (j.is_number()) return j.get<double>() != 0.0;
   if (j.is_string() || j.is_array() || j.is_object()) return !j.empty();
   return true;
 }
 
-std::string py_repr(const json& j, bool top);
+// An integer operand; unsigned JSON numbers above INT64_MAX are out of range.
+int64_t int_of(const json& j, const char* what) {
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    check(u <= uint64_t(INT64_MAX), "chat template: integer overflow ({} is out of range in {})", u, what);
+    return int64_t(u);
+  }
+  if (j.is_number_integer()) return j.get<int64_t>();
+  if (j.is_boolean()) return j.get<bool>() ? 1 : 0;
+  fail("chat template: {} needs an integer, not {}", what, j.type_name());
+}
+
+// A double converted to int64 (truncating, as Python's int()); out of range or NaN is an error.
+int64_t int_from_double(double d) {
+  check(std::isfinite(d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0,
+        "chat template: integer overflow (cannot convert {} to a 64-bit integer)", d);
+  return int64_t(d);
+}
 
 std::string py_float(double d) {
   if (std::floor(d) == d && std::abs(d) < 1e16) return fmt::format("{:.1f}", d);
   return fmt::format("{}", d);
 }
 
-std::string py_repr(const json& j, bool top) {
-  if (j.is_null()) return "None";
-  if (j.is_boolean()) return j.get<bool>() ? "True" : "False";
-  if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
-  if (j.is_number_unsigned()) return std::to_string(j.get<uint64_t>());
-  if (j.is_number()) return py_float(j.get<double>());
-  if (j.is_string()) return top ? j.get<std::string>() : "'" + j.get<std::string>() + "'";
-  std::string out;
-  if (j.is_array()) {
-    out = "[";
-    for (size_t i = 0; i < j.size(); ++i) out += (i ? ", " : "") + py_repr(j[i], false);
-    return out + "]";
+// Python's str()/repr() of a value, appended to `out`; bounded by max_string_bytes (value depth is
+// bounded by measure(), so the recursion is too).
+void py_repr(const json& j, bool top, std::string& out) {
+  charge(kNodeCost);
+  auto grow = [&](std::string_view s) {
+    check_string_size(out.size() + s.size());
+    out += s;
+  };
+  if (j.is_null()) return grow("None");
+  if (j.is_boolean()) return grow(j.get<bool>() ? "True" : "False");
+  if (j.is_number_unsigned()) return grow(std::to_string(j.get<uint64_t>()));
+  if (j.is_number_integer()) return grow(std::to_string(j.get<int64_t>()));
+  if (j.is_number()) return grow(py_float(j.get<double>()));
+  if (j.is_string()) {
+    if (top) return grow(j.get_ref<const std::string&>());
+    grow("'");
+    grow(j.get_ref<const std::string&>());
+    return grow("'");
   }
-  out = "{";
+  if (j.is_array()) {
+    grow("[");
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (i) grow(", ");
+      py_repr(j[i], false, out);
+    }
+    return grow("]");
+  }
+  grow("{");
   bool first = true;
-  for (auto& [k, v] : j.items()) out += (first ? "" : ", ") + ("'" + k + "': ") + py_repr(v, false), first = false;
-  return out + "}";
+  for (auto& [k, v] : j.items()) {
+    if (!first) grow(", ");
+    first = false;
+    grow("'");
+    grow(k);
+    grow("': ");
+    py_repr(v, false, out);
+  }
+  grow("}");
+}
+
+std::string py_repr(const json& j, bool top) {
+  std::string out;
+  py_repr(j, top, out);
+  return out;
 }
 
 std::string to_string(const Value& v) {
@@ -83,35 +263,45 @@ std::string to_string(const Value& v) {
 }
 
 // json.dumps as Python writes it: ", " and ": " separators, optional indent, no ASCII escaping.
-void py_json(const json& j, int indent, int depth, std::string& out) {
+// Bounded by max_string_bytes; `indent` is at most max_string_bytes (checked by the caller) and
+// `depth` at most max_depth, so indent * depth cannot overflow.
+void py_json(const json& j, int64_t indent, int depth, std::string& out) {
+  charge(kNodeCost);
+  auto grow_by = [&](size_t n) { check_string_size(out.size() + n); };
   auto newline = [&](int d) {
     if (indent < 0) return;
+    const size_t n = size_t(indent) * size_t(d);
+    grow_by(n + 1);
     out += '\n';
-    out.append(size_t(indent * d), ' ');
+    out.append(n, ' ');
+  };
+  auto put = [&](std::string_view s) {
+    grow_by(s.size());
+    out += s;
   };
   if (j.is_array() && !j.empty()) {
-    out += '[';
+    put("[");
     for (size_t i = 0; i < j.size(); ++i) {
-      if (i) out += indent < 0 ? ", " : ",";
+      if (i) put(indent < 0 ? ", " : ",");
       newline(depth + 1);
       py_json(j[i], indent, depth + 1, out);
     }
     newline(depth);
-    out += ']';
+    put("]");
   } else if (j.is_object() && !j.empty()) {
-    out += '{';
+    put("{");
     bool first = true;
     for (auto& [k, v] : j.items()) {
-      if (!first) out += indent < 0 ? ", " : ",";
+      if (!first) put(indent < 0 ? ", " : ",");
       first = false;
       newline(depth + 1);
-      out += json(k).dump(-1, ' ', false) + ": ";
+      put(json(k).dump(-1, ' ', false, json::error_handler_t::replace) + ": ");
       py_json(v, indent, depth + 1, out);
     }
     newline(depth);
-    out += '}';
+    put("}");
   } else {
-    out += j.dump(-1, ' ', false, json::error_handler_t::replace);
+    put(j.dump(-1, ' ', false, json::error_handler_t::replace));
   }
 }
 
@@ -196,7 +386,16 @@ std::vector<ETok> tokenize_expr(const std::string& s) {
         ++j;
       }
       const std::string num = s.substr(i, j - i);
-      out.push_back({ETok::Number, num, is_float ? json(std::stod(num)) : json(std::stoll(num))});
+      json value;
+      errno = 0;
+      if (is_float) {
+        value = std::strtod(num.c_str(), nullptr);
+      } else {
+        const long long v = std::strtoll(num.c_str(), nullptr, 10);
+        value = int64_t(v);
+      }
+      check(errno != ERANGE, "chat template: integer overflow (number literal {} is out of range)", num.substr(0, 40));
+      out.push_back({ETok::Number, num, std::move(value)});
       i = j;
     } else if (c == '\'' || c == '"') {
       std::string val;
@@ -230,8 +429,13 @@ std::vector<ETok> tokenize_expr(const std::string& s) {
 
 struct Context;
 struct Expr {
+  int height = 1;  // of the tree under this node; at most max_depth (checked by the parser)
   virtual ~Expr() = default;
-  virtual Value eval(Context& ctx) const = 0;
+  Value eval(Context& ctx) const {
+    charge(kEvalCost);
+    return do_eval(ctx);
+  }
+  virtual Value do_eval(Context& ctx) const = 0;
 };
 using ExprP = std::shared_ptr<Expr>;
 
@@ -259,37 +463,39 @@ Value get_item(const Value& obj, const Value& key);
 struct Literal : Expr {
   Value v;
   explicit Literal(Value x) : v(std::move(x)) {}
-  Value eval(Context&) const override { return v; }
+  Value do_eval(Context&) const override { return v; }
 };
 struct Var : Expr {
   std::string name;
   explicit Var(std::string n) : name(std::move(n)) {}
-  Value eval(Context& c) const override { return c.lookup(name); }
+  Value do_eval(Context& c) const override { return c.lookup(name); }
 };
 struct Attr : Expr {
   ExprP obj;
   std::string name;
-  Value eval(Context& c) const override { return get_attr(obj->eval(c), name); }
+  Value do_eval(Context& c) const override { return get_attr(obj->eval(c), name); }
 };
 struct Item : Expr {
   ExprP obj, key;
-  Value eval(Context& c) const override { return get_item(obj->eval(c), key->eval(c)); }
+  Value do_eval(Context& c) const override { return get_item(obj->eval(c), key->eval(c)); }
 };
 struct Slice : Expr {
   ExprP obj, start, stop;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     const Value o = obj->eval(c);
     const json& j = o.j();
     check(j.is_array() || j.is_string(), "chat template: slicing needs a list or a string");
-    const int64_t n = j.is_array() ? int64_t(j.size()) : int64_t(j.get<std::string>().size());
+    const int64_t n = j.is_array() ? int64_t(j.size()) : int64_t(j.get_ref<const std::string&>().size());
     auto clamp = [&](const ExprP& e, int64_t dflt) {
       if (!e) return dflt;
-      int64_t x = e->eval(c).j().get<int64_t>();
-      if (x < 0) x += n;
+      const Value v = e->eval(c);
+      if (v.is_undefined() || v.j().is_null()) return dflt;
+      int64_t x = int_of(v.j(), "a slice index");
+      if (x < 0) x += n;  // x >= INT64_MIN and n >= 0: cannot overflow
       return std::clamp<int64_t>(x, 0, n);
     };
     const int64_t a = clamp(start, 0), b = std::max(a, clamp(stop, n));
-    if (j.is_string()) return Value::of(j.get<std::string>().substr(size_t(a), size_t(b - a)));
+    if (j.is_string()) return Value::of(j.get_ref<const std::string&>().substr(size_t(a), size_t(b - a)));
     return Value::of(json(j.begin() + a, j.begin() + b));
   }
 };
@@ -297,13 +503,14 @@ struct Call : Expr {
   ExprP callee;
   std::vector<ExprP> args;
   std::vector<std::pair<std::string, ExprP>> kwargs;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     const Value f = callee->eval(c);
     check(f.kind == Value::Kind::Function, "chat template: calling something that is not a function");
     Args a;
     Kwargs k;
     for (auto& e : args) a.push_back(e->eval(c));
     for (auto& [n, e] : kwargs) k[n] = e->eval(c);
+    DepthGuard guard;
     return (*f.fn)(a, k);
   }
 };
@@ -312,7 +519,7 @@ struct FilterExpr : Expr {
   std::string name;
   std::vector<ExprP> args;
   std::vector<std::pair<std::string, ExprP>> kwargs;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     Args a;
     Kwargs k;
     for (auto& e : args) a.push_back(e->eval(c));
@@ -325,71 +532,165 @@ struct TestExpr : Expr {
   std::string name;
   std::vector<ExprP> args;
   bool negated = false;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     Args a;
     for (auto& e : args) a.push_back(e->eval(c));
     return Value::of(call_test(name, value->eval(c), a) != negated);
   }
 };
+
+[[noreturn]] void overflow(const char* op) { fail("chat template: integer overflow in '{}'", op); }
+
+int64_t checked_neg(int64_t x) {
+  int64_t r;
+  if (__builtin_sub_overflow(int64_t(0), x, &r)) overflow("-");
+  return r;
+}
+
 struct Unary : Expr {
   std::string op;
   ExprP e;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     const Value v = e->eval(c);
     if (op == "not") return Value::of(!truthy(v));
     const json& j = v.j();
     check(j.is_number(), "chat template: unary minus needs a number");
-    return Value::of(j.is_number_integer() ? json(-j.get<int64_t>()) : json(-j.get<double>()));
+    return Value::of(j.is_number_integer() ? json(checked_neg(int_of(j, "unary minus"))) : json(-j.get<double>()));
   }
 };
 
+// Python's floor division and modulo on int64 (the result takes the divisor's sign).
+int64_t floor_div(int64_t x, int64_t y) {
+  check(y != 0, "chat template: division by zero");
+  if (x == INT64_MIN && y == -1) overflow("//");
+  int64_t q = x / y;
+  if (x % y != 0 && ((x % y < 0) != (y < 0))) --q;
+  return q;
+}
+int64_t floor_mod(int64_t x, int64_t y) {
+  check(y != 0, "chat template: modulo by zero");
+  if (y == -1) return 0;  // also INT64_MIN % -1, which is 0 in Python (and SIGFPE in C++)
+  int64_t r = x % y;
+  if (r != 0 && ((r < 0) != (y < 0))) r += y;  // opposite signs: cannot overflow
+  return r;
+}
+int64_t checked_pow(int64_t base, int64_t e) {
+  int64_t result = 1;
+  while (e > 0) {
+    if (e & 1)
+      if (__builtin_mul_overflow(result, base, &result)) overflow("**");
+    e >>= 1;
+    // A further bit is set, so base squared is a factor of the result: its overflow is the result's.
+    if (e > 0 && __builtin_mul_overflow(base, base, &base)) overflow("**");
+  }
+  return result;
+}
+
+// `s * n` (Python: n <= 0 gives "").
+Value repeat_string(const std::string& s, int64_t n) {
+  if (n <= 0 || s.empty()) return Value::of("");
+  check(uint64_t(n) <= limits().max_string_bytes / s.size(),
+        "chat template: string size limit exceeded (repeating {} bytes {} times; the limit is {} bytes)", s.size(), n,
+        limits().max_string_bytes);
+  charge(s.size() * size_t(n));
+  std::string out;
+  out.reserve(s.size() * size_t(n));
+  for (int64_t i = 0; i < n; ++i) out += s;
+  return Value::of(std::move(out));
+}
+// `list * n`
+Value repeat_list(const Value& l, int64_t n) {
+  const json& a = l.j();
+  if (n <= 0 || a.empty()) return Value::of(json::array());
+  check(uint64_t(n) <= limits().max_list_items / a.size(),
+        "chat template: list size limit exceeded (repeating {} items {} times; the limit is {} items)", a.size(), n,
+        limits().max_list_items);
+  charge(sat_mul(l.cost, uint64_t(n)));
+  json out = json::array();
+  for (int64_t i = 0; i < n; ++i) out.insert(out.end(), a.begin(), a.end());
+  return Value::of(std::move(out));
+}
+
 Value arithmetic(const std::string& op, const Value& l, const Value& r) {
   const json &a = l.j(), &b = r.j();
-  if (op == "~") return Value::of(to_string(l) + to_string(r));
-  if (op == "+" && a.is_string() && b.is_string()) return Value::of(a.get<std::string>() + b.get<std::string>());
+  if (op == "~") {
+    const std::string x = to_string(l), y = to_string(r);
+    check_string_size(x.size() + y.size());
+    return Value::of(x + y);
+  }
+  if (op == "+" && a.is_string() && b.is_string()) {
+    check_string_size(a.get_ref<const std::string&>().size() + b.get_ref<const std::string&>().size());
+    return Value::of(a.get<std::string>() + b.get<std::string>());
+  }
   if (op == "+" && a.is_array() && b.is_array()) {
+    check_list_size(a.size() + b.size());
     json out = a;
     out.insert(out.end(), b.begin(), b.end());
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
-  if (op == "*" && a.is_string() && b.is_number_integer()) {
-    std::string out;
-    for (int64_t i = 0; i < b.get<int64_t>(); ++i) out += a.get<std::string>();
-    return Value::of(out);
-  }
+  if (op == "*" && a.is_string() && b.is_number_integer()) return repeat_string(a.get_ref<const std::string&>(), int_of(b, "'*'"));
+  if (op == "*" && a.is_number_integer() && b.is_string()) return repeat_string(b.get_ref<const std::string&>(), int_of(a, "'*'"));
+  if (op == "*" && a.is_array() && b.is_number_integer()) return repeat_list(l, int_of(b, "'*'"));
+  if (op == "*" && a.is_number_integer() && b.is_array()) return repeat_list(r, int_of(a, "'*'"));
   check(a.is_number() && b.is_number(), "chat template: '{}' between {} and {}", op, a.type_name(), b.type_name());
   const bool ints = a.is_number_integer() && b.is_number_integer();
   if (ints && op != "/") {
-    const int64_t x = a.get<int64_t>(), y = b.get<int64_t>();
-    if (op == "+") return Value::of(x + y);
-    if (op == "-") return Value::of(x - y);
-    if (op == "*") return Value::of(x * y);
-    check(y != 0, "chat template: division by zero");
-    if (op == "//") return Value::of(int64_t(std::floor(double(x) / double(y))));
-    if (op == "%") return Value::of(((x % y) + y) % y);
+    const int64_t x = int_of(a, op.c_str()), y = int_of(b, op.c_str());
+    int64_t z;
+    if (op == "+") {
+      if (__builtin_add_overflow(x, y, &z)) overflow("+");
+      return Value::of(z);
+    }
+    if (op == "-") {
+      if (__builtin_sub_overflow(x, y, &z)) overflow("-");
+      return Value::of(z);
+    }
+    if (op == "*") {
+      if (__builtin_mul_overflow(x, y, &z)) overflow("*");
+      return Value::of(z);
+    }
+    if (op == "//") return Value::of(floor_div(x, y));
+    if (op == "%") return Value::of(floor_mod(x, y));
+    if (op == "**") {
+      if (y >= 0) return Value::of(checked_pow(x, y));
+      check(x != 0, "chat template: division by zero (0 ** negative)");
+      return Value::of(std::pow(double(x), double(y)));
+    }
   }
   const double x = a.get<double>(), y = b.get<double>();
   if (op == "+") return Value::of(x + y);
   if (op == "-") return Value::of(x - y);
   if (op == "*") return Value::of(x * y);
+  if (op == "**") {
+    check(!(x == 0 && y < 0), "chat template: division by zero (0 ** negative)");
+    return Value::of(std::pow(x, y));
+  }
   check(y != 0, "chat template: division by zero");
   if (op == "/") return Value::of(x / y);
   if (op == "//") return Value::of(std::floor(x / y));
-  return Value::of(std::fmod(x, y));
+  double m = std::fmod(x, y);
+  if (m != 0 && ((m < 0) != (y < 0))) m += y;  // Python: the result takes the divisor's sign
+  return Value::of(m);
 }
 
 bool contains(const Value& hay, const Value& needle) {
   const json& h = hay.j();
-  if (h.is_string()) return needle.j().is_string() && h.get<std::string>().find(needle.j().get<std::string>()) != std::string::npos;
+  if (h.is_string()) {
+    if (!needle.j().is_string()) return false;
+    const std::string& n = needle.j().get_ref<const std::string&>();
+    charge_search(h.get_ref<const std::string&>().size(), n.size());
+    return h.get_ref<const std::string&>().find(n) != std::string::npos;
+  }
+  charge(hay.cost);
   if (h.is_array()) return std::find(h.begin(), h.end(), needle.j()) != h.end();
-  if (h.is_object()) return needle.j().is_string() && h.contains(needle.j().get<std::string>());
+  if (h.is_object()) return needle.j().is_string() && h.contains(needle.j().get_ref<const std::string&>());
   return false;
 }
 
 struct Binary : Expr {
   std::string op;
   ExprP l, r;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     if (op == "and") {
       Value a = l->eval(c);
       return truthy(a) ? r->eval(c) : a;
@@ -400,6 +701,7 @@ struct Binary : Expr {
     }
     const Value a = l->eval(c), b = r->eval(c);
     if (op == "==" || op == "!=") {
+      charge(std::min(a.cost, b.cost));
       const bool eq = a.is_undefined() || b.is_undefined() ? (a.is_undefined() && b.is_undefined()) : a.j() == b.j();
       return Value::of(op == "==" ? eq : !eq);
     }
@@ -409,6 +711,7 @@ struct Binary : Expr {
       const json &x = a.j(), &y = b.j();
       check((x.is_number() && y.is_number()) || (x.is_string() && y.is_string()), "chat template: cannot compare {} and {}",
             x.type_name(), y.type_name());
+      charge(std::min(a.cost, b.cost));
       if (op == "<") return Value::of(x < y);
       if (op == ">") return Value::of(y < x);
       if (op == "<=") return Value::of(!(y < x));
@@ -419,29 +722,31 @@ struct Binary : Expr {
 };
 struct Ternary : Expr {
   ExprP cond, then, otherwise;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     return truthy(cond->eval(c)) ? then->eval(c) : (otherwise ? otherwise->eval(c) : Value::undefined());
   }
 };
 struct ListLit : Expr {
   std::vector<ExprP> items;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     json out = json::array();
     for (auto& e : items) out.push_back(e->eval(c).j());
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
 };
 struct DictLit : Expr {
   std::vector<std::pair<ExprP, ExprP>> items;
-  Value eval(Context& c) const override {
+  Value do_eval(Context& c) const override {
     json out = json::object();
     for (auto& [k, v] : items) out[to_string(k->eval(c))] = v->eval(c).j();
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
 };
 
 // ---------------------------------------------------------------- expression parser
 
+// Parser nesting is bounded by max_depth (so `((((...` cannot exhaust the stack), and so is the height
+// of every tree it builds (so `1+1+...+1` cannot make evaluation or destruction recurse too deeply).
 class ExprParser {
  public:
   explicit ExprParser(const std::string& src) : toks_(tokenize_expr(src)) {}
@@ -467,8 +772,48 @@ class ExprParser {
  private:
   std::vector<ETok> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
+
+  class Nest {
+   public:
+    explicit Nest(int& depth) : depth_(depth) {
+      check(depth_ < limits().max_depth, "chat template: expression nesting depth limit exceeded (deeper than {})",
+            limits().max_depth);
+      ++depth_;
+    }
+    ~Nest() { --depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    int& depth_;
+  };
+
+  // Sets e's height from its children's and checks it.
+  template <typename T>
+  static std::shared_ptr<T> grown(std::shared_ptr<T> e, std::initializer_list<const ExprP*> kids) {
+    int h = 0;
+    for (const ExprP* k : kids)
+      if (*k) h = std::max(h, (*k)->height);
+    e->height = h + 1;
+    check(e->height <= limits().max_depth, "chat template: expression nesting depth limit exceeded (deeper than {})",
+          limits().max_depth);
+    return e;
+  }
+  template <typename T>
+  static std::shared_ptr<T> grown(std::shared_ptr<T> e, const std::vector<ExprP>& kids, std::initializer_list<const ExprP*> more = {}) {
+    int h = 0;
+    for (const ExprP& k : kids) h = std::max(h, k->height);
+    for (const ExprP* k : more)
+      if (*k) h = std::max(h, (*k)->height);
+    e->height = h + 1;
+    check(e->height <= limits().max_depth, "chat template: expression nesting depth limit exceeded (deeper than {})",
+          limits().max_depth);
+    return e;
+  }
 
   ExprP parse_ternary() {
+    Nest nest(depth_);
     ExprP e = parse_or();
     if (is_name("if")) {
       ++pos_;
@@ -479,14 +824,14 @@ class ExprParser {
         ++pos_;
         t->otherwise = parse_ternary();
       }
-      return t;
+      return grown(t, {&t->then, &t->cond, &t->otherwise});
     }
     return e;
   }
   ExprP binary(ExprP l, std::string op, ExprP r) {
     auto b = std::make_shared<Binary>();
     b->op = std::move(op), b->l = std::move(l), b->r = std::move(r);
-    return b;
+    return grown(b, {&b->l, &b->r});
   }
   ExprP parse_or() {
     ExprP e = parse_and();
@@ -500,10 +845,11 @@ class ExprParser {
   }
   ExprP parse_not() {
     if (is_name("not")) {
+      Nest nest(depth_);
       ++pos_;
       auto u = std::make_shared<Unary>();
       u->op = "not", u->e = parse_not();
-      return u;
+      return grown(u, {&u->e});
     }
     return parse_compare();
   }
@@ -526,6 +872,7 @@ class ExprParser {
         if (is_op("(")) {
           ++pos_;
           while (!is_op(")")) {
+            check(!at_end(), "chat template: unclosed '(' in test arguments");
             t->args.push_back(parse_expr());
             if (is_op(",")) ++pos_;
           }
@@ -533,7 +880,7 @@ class ExprParser {
         } else if (!at_end() && (peek().kind == ETok::String || peek().kind == ETok::Number)) {
           t->args.push_back(parse_primary());  // `is equalto 'x'`
         }
-        e = t;
+        e = grown(t, t->args, {&t->value});
       } else {
         return e;
       }
@@ -553,19 +900,25 @@ class ExprParser {
     return e;
   }
   ExprP parse_mul() {
-    ExprP e = parse_unary();
+    ExprP e = parse_pow();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const std::string op = toks_[pos_++].text;
-      e = binary(e, op, parse_unary());
+      e = binary(e, op, parse_pow());
     }
+    return e;
+  }
+  ExprP parse_pow() {  // as Jinja2: left-associative, and binding looser than unary minus
+    ExprP e = parse_unary();
+    while (is_op("**")) ++pos_, e = binary(e, "**", parse_unary());
     return e;
   }
   ExprP parse_unary() {
     if (is_op("-")) {
+      Nest nest(depth_);
       ++pos_;
       auto u = std::make_shared<Unary>();
       u->op = "-", u->e = parse_unary();
-      return u;
+      return grown(u, {&u->e});
     }
     if (is_op("+")) ++pos_;
     return parse_postfix(parse_primary());
@@ -584,13 +937,18 @@ class ExprParser {
     }
     ++pos_;
   }
+  static std::vector<ExprP> values_of(const std::vector<std::pair<std::string, ExprP>>& kwargs) {
+    std::vector<ExprP> out;
+    for (auto& kv : kwargs) out.push_back(kv.second);
+    return out;
+  }
   ExprP parse_postfix(ExprP e) {
     for (;;) {
       if (is_op(".")) {
         ++pos_;
         auto a = std::make_shared<Attr>();
         a->obj = e, a->name = name();
-        e = a;
+        e = grown(a, {&a->obj});
       } else if (is_op("[")) {
         ++pos_;
         ExprP first = is_op(":") ? nullptr : parse_expr();
@@ -600,24 +958,28 @@ class ExprParser {
           s->obj = e, s->start = first;
           if (!is_op("]")) s->stop = parse_expr();
           expect_op("]");
-          e = s;
+          e = grown(s, {&s->obj, &s->start, &s->stop});
         } else {
           expect_op("]");
           auto it = std::make_shared<Item>();
           it->obj = e, it->key = first;
-          e = it;
+          e = grown(it, {&it->obj, &it->key});
         }
       } else if (is_op("(")) {
         auto call = std::make_shared<Call>();
         call->callee = e;
         parse_call_args(call->args, call->kwargs);
-        e = call;
+        std::vector<ExprP> kids = values_of(call->kwargs);
+        kids.insert(kids.end(), call->args.begin(), call->args.end());
+        e = grown(call, kids, {&call->callee});
       } else if (is_op("|")) {
         ++pos_;
         auto f = std::make_shared<FilterExpr>();
         f->value = e, f->name = name();
         if (is_op("(")) parse_call_args(f->args, f->kwargs);
-        e = f;
+        std::vector<ExprP> kids = values_of(f->kwargs);
+        kids.insert(kids.end(), f->args.begin(), f->args.end());
+        e = grown(f, kids, {&f->value});
       } else {
         return e;
       }
@@ -629,7 +991,10 @@ class ExprParser {
     if (t.kind == ETok::Number) return std::make_shared<Literal>(Value::of(t.number));
     if (t.kind == ETok::String) {
       std::string s = t.text;
-      while (peek().kind == ETok::String) s += toks_[pos_++].text;  // adjacent literals concatenate
+      while (peek().kind == ETok::String) {  // adjacent literals concatenate
+        check_string_size(s.size() + peek().text.size());
+        s += toks_[pos_++].text;
+      }
       return std::make_shared<Literal>(Value::of(s));
     }
     if (t.kind == ETok::Name) {
@@ -648,7 +1013,7 @@ class ExprParser {
           if (is_op(")")) break;
           l->items.push_back(parse_expr());
         }
-        e = l;
+        e = grown(l, l->items);
       }
       expect_op(")");
       return e;
@@ -660,18 +1025,20 @@ class ExprParser {
         if (!is_op("]")) expect_op(",");
       }
       ++pos_;
-      return l;
+      return grown(l, l->items);
     }
     if (t.kind == ETok::Op && t.text == "{") {
       auto d = std::make_shared<DictLit>();
+      std::vector<ExprP> kids;
       while (!is_op("}")) {
         ExprP k = parse_expr();
         expect_op(":");
         d->items.emplace_back(k, parse_expr());
+        kids.push_back(k), kids.push_back(d->items.back().second);
         if (!is_op("}")) expect_op(",");
       }
       ++pos_;
-      return d;
+      return grown(d, kids);
     }
     fail("chat template: unexpected '{}' in expression", t.text);
   }
@@ -688,15 +1055,36 @@ std::string str_of(const Value& v, const char* what) {
   return v.j().get<std::string>();
 }
 
+// Linear in |s| + |chars| (a byte set, not a search of `chars` per byte).
 std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
+  std::array<bool, 256> in{};
+  for (unsigned char c : chars) in[c] = true;
   size_t a = 0, b = s.size();
-  if (left) while (a < b && chars.find(s[a]) != std::string::npos) ++a;
-  if (right) while (b > a && chars.find(s[b - 1]) != std::string::npos) --b;
+  if (left) while (a < b && in[static_cast<unsigned char>(s[a])]) ++a;
+  if (right) while (b > a && in[static_cast<unsigned char>(s[b - 1])]) --b;
+  charge(chars.size() + (b - a));
   return s.substr(a, b - a);
+}
+
+// s with every `from` replaced by `to`; bounded by max_string_bytes as it grows.
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  charge_search(s.size(), from.size());
+  std::string out;
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size()) {
+    check_string_size(out.size() + (hit - pos) + to.size());
+    charge(hit - pos + to.size());
+    out.append(s, pos, hit - pos);
+    out += to;
+  }
+  check_string_size(out.size() + (s.size() - pos));
+  return out.append(s, pos, std::string::npos);
 }
 
 Value string_method(const std::string& self, const std::string& name) {
   static const std::string ws = " \t\n\r\f\v";
+  charge(self.size());  // each method captures a copy of the string
   auto chars = [](Args& a) { return a.empty() || a[0].j().is_null() ? ws : str_of(a[0], "strip"); };
   if (name == "strip") return Value::function([=](Args& a, Kwargs&) { return Value::of(strip_chars(self, chars(a), true, true)); });
   if (name == "lstrip") return Value::function([=](Args& a, Kwargs&) { return Value::of(strip_chars(self, chars(a), true, false)); });
@@ -720,16 +1108,24 @@ Value string_method(const std::string& self, const std::string& name) {
     return Value::function([=](Args& a, Kwargs&) {
       json out = json::array();
       if (a.empty() || a[0].j().is_null()) {
+        charge(self.size());
         std::istringstream in(self);
-        for (std::string w; in >> w;) out.push_back(w);
-        return Value::of(out);
+        for (std::string w; in >> w;) {
+          check_list_size(out.size() + 1);
+          out.push_back(w);
+        }
+        return Value::of(std::move(out));
       }
       const std::string sep = str_of(a[0], "split");
       check(!sep.empty(), "chat template: empty separator");
+      charge_search(self.size(), sep.size());
       size_t pos = 0;
-      for (size_t hit; (hit = self.find(sep, pos)) != std::string::npos; pos = hit + sep.size()) out.push_back(self.substr(pos, hit - pos));
+      for (size_t hit; (hit = self.find(sep, pos)) != std::string::npos; pos = hit + sep.size()) {
+        check_list_size(out.size() + 2);
+        out.push_back(self.substr(pos, hit - pos));
+      }
       out.push_back(self.substr(pos));
-      return Value::of(out);
+      return Value::of(std::move(out));
     });
   if (name == "replace")
     return Value::function([=](Args& a, Kwargs& k) { return call_filter("replace", Value::of(self), a, k); });
@@ -743,22 +1139,23 @@ Value get_attr(const Value& obj, const std::string& name) {
   const json& j = obj.j();
   if (j.is_object()) {
     if (j.contains(name)) return Value::of(j[name]);
+    auto data = obj.data;  // the methods share the (immutable) object rather than copy it
     if (name == "items")
-      return Value::function([j](Args&, Kwargs&) {
+      return Value::function([data](Args&, Kwargs&) {
         json out = json::array();
-        for (auto& [k, v] : j.items()) out.push_back(json::array({k, v}));
-        return Value::of(out);
+        for (auto& [k, v] : data->items()) out.push_back(json::array({k, v}));
+        return Value::of(std::move(out));
       });
     if (name == "keys" || name == "values")
-      return Value::function([j, name](Args&, Kwargs&) {
+      return Value::function([data, name](Args&, Kwargs&) {
         json out = json::array();
-        for (auto& [k, v] : j.items()) out.push_back(name == "keys" ? json(k) : v);
-        return Value::of(out);
+        for (auto& [k, v] : data->items()) out.push_back(name == "keys" ? json(k) : v);
+        return Value::of(std::move(out));
       });
     if (name == "get")
-      return Value::function([j](Args& a, Kwargs&) {
+      return Value::function([data](Args& a, Kwargs&) {
         const std::string k = str_of(a.at(0), "get");
-        return j.contains(k) ? Value::of(j[k]) : (a.size() > 1 ? a[1] : Value::of(nullptr));
+        return data->contains(k) ? Value::of((*data)[k]) : (a.size() > 1 ? a[1] : Value::of(nullptr));
       });
     return Value::undefined();
   }
@@ -773,11 +1170,11 @@ Value get_item(const Value& obj, const Value& key) {
   }
   const json& j = obj.j();
   if ((j.is_array() || j.is_string()) && key.j().is_number_integer()) {
-    const int64_t n = j.is_array() ? int64_t(j.size()) : int64_t(j.get<std::string>().size());
-    int64_t i = key.j().get<int64_t>();
-    if (i < 0) i += n;
+    const int64_t n = j.is_array() ? int64_t(j.size()) : int64_t(j.get_ref<const std::string&>().size());
+    int64_t i = int_of(key.j(), "an index");
+    if (i < 0) i += n;  // cannot overflow: i < 0 <= n
     if (i < 0 || i >= n) return Value::undefined();
-    return j.is_array() ? Value::of(j[size_t(i)]) : Value::of(std::string(1, j.get<std::string>()[size_t(i)]));
+    return j.is_array() ? Value::of(j[size_t(i)]) : Value::of(std::string(1, j.get_ref<const std::string&>()[size_t(i)]));
   }
   return Value::undefined();
 }
@@ -797,16 +1194,21 @@ bool call_test(const std::string& name, const Value& v, Args& args) {
   if (name == "mapping") return (v.is_data() && j.is_object()) || v.kind == Value::Kind::Namespace;
   if (name == "iterable" || name == "sequence") return v.is_data() && (j.is_array() || j.is_string() || j.is_object());
   if (name == "callable") return v.kind == Value::Kind::Function;
-  if (name == "equalto" || name == "eq" || name == "sameas") return !args.empty() && j == args[0].j();
-  if (name == "odd" || name == "even") return j.is_number_integer() && (j.get<int64_t>() % 2 != 0) == (name == "odd");
+  if (name == "equalto" || name == "eq" || name == "sameas") {
+    if (args.empty()) return false;
+    charge(std::min(v.cost, args[0].cost));
+    return j == args[0].j();
+  }
+  if (name == "odd" || name == "even") return j.is_number_integer() && (int_of(j, name.c_str()) % 2 != 0) == (name == "odd");
   fail("chat template: unsupported test '{}'", name);
 }
 
 Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
+  DepthGuard guard;  // `map` applies filters: x|map('map', ...) recurses
   const json& j = v.j();
   if (name == "trim") return Value::of(strip_chars(to_string(v), " \t\n\r\f\v", true, true));
   if (name == "length" || name == "count") {
-    if (j.is_string()) return Value::of(int64_t(j.get<std::string>().size()));
+    if (j.is_string()) return Value::of(int64_t(j.get_ref<const std::string&>().size()));
     return Value::of(int64_t(j.is_array() || j.is_object() ? j.size() : 0));
   }
   if (name == "upper" || name == "lower") return get_attr(Value::of(to_string(v)), name).fn->operator()(a, k);
@@ -826,15 +1228,33 @@ Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
     return use ? (a.empty() ? Value::of("") : a[0]) : v;
   }
   if (name == "string") return Value::of(to_string(v));
-  if (name == "int") return Value::of(j.is_number() ? int64_t(j.get<double>()) : int64_t(std::atoll(to_string(v).c_str())));
+  if (name == "int") {
+    if (j.is_number_integer()) return Value::of(int_of(j, "int"));
+    if (j.is_number()) return Value::of(int_from_double(j.get<double>()));
+    const std::string s = to_string(v);
+    errno = 0;
+    const long long x = std::strtoll(s.c_str(), nullptr, 10);
+    check(errno != ERANGE, "chat template: integer overflow (cannot convert '{}' to a 64-bit integer)", s.substr(0, 40));
+    return Value::of(int64_t(x));
+  }
   if (name == "float") return Value::of(j.is_number() ? j.get<double>() : std::atof(to_string(v).c_str()));
-  if (name == "abs") return Value::of(j.is_number_integer() ? json(std::llabs(j.get<int64_t>())) : json(std::fabs(j.get<double>())));
+  if (name == "abs") {
+    if (j.is_number_integer()) {
+      const int64_t x = int_of(j, "abs");
+      return Value::of(x < 0 ? checked_neg(x) : x);
+    }
+    return Value::of(std::fabs(j.get<double>()));
+  }
   if (name == "list") {
     if (j.is_array()) return v;
     json out = json::array();
-    if (j.is_string()) for (char c : j.get<std::string>()) out.push_back(std::string(1, c));
-    else if (j.is_object()) for (auto& [key, val] : j.items()) out.push_back(key);
-    return Value::of(out);
+    if (j.is_string()) {
+      check_list_size(j.get_ref<const std::string&>().size());
+      for (char c : j.get_ref<const std::string&>()) out.push_back(std::string(1, c));
+    } else if (j.is_object()) {
+      for (auto& [key, val] : j.items()) out.push_back(key);
+    }
+    return Value::of(std::move(out));
   }
   if (name == "first" || name == "last") {
     if (!j.is_array() || j.empty()) return Value::undefined();
@@ -844,32 +1264,39 @@ Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
     if (j.is_string()) { std::string s = j.get<std::string>(); std::reverse(s.begin(), s.end()); return Value::of(s); }
     json out = j;
     std::reverse(out.begin(), out.end());
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
   if (name == "join") {
     const std::string sep = a.empty() ? "" : to_string(a[0]);
     std::string out;
     bool first = true;
-    for (auto& x : j) out += (first ? "" : sep) + py_repr(x, true), first = false;
-    return Value::of(out);
+    for (auto& x : j) {
+      if (!first) {
+        check_string_size(out.size() + sep.size());
+        out += sep;
+      }
+      first = false;
+      py_repr(x, true, out);  // checks max_string_bytes as out grows
+      charge(kEvalCost);
+    }
+    return Value::of(std::move(out));
   }
   if (name == "replace") {
-    std::string s = to_string(v);
-    const std::string from = to_string(a.at(0)), to = to_string(a.at(1));
-    if (from.empty()) return Value::of(s);
-    std::string out;
-    size_t pos = 0;
-    for (size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size()) out += s.substr(pos, hit - pos) + to;
-    return Value::of(out + s.substr(pos));
+    return Value::of(replace_all(to_string(v), to_string(a.at(0)), to_string(a.at(1))));
   }
   if (name == "tojson") {
-    int indent = -1;
-    if (k.count("indent") && k["indent"].j().is_number_integer()) indent = int(k["indent"].j().get<int64_t>());
+    int64_t indent = -1;
+    if (k.count("indent") && k["indent"].j().is_number_integer()) indent = int_of(k["indent"].j(), "tojson indent");
+    check(indent <= int64_t(limits().max_string_bytes), "chat template: string size limit exceeded (tojson indent {})", indent);
     std::string out;
     py_json(j, indent, 0, out);
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
-  if (name == "items") return get_attr(v, "items").fn->operator()(a, k);
+  if (name == "items") {
+    const Value items = get_attr(v, "items");
+    check(items.kind == Value::Kind::Function, "chat template: items needs a mapping, not {}", j.type_name());
+    return (*items.fn)(a, k);
+  }
   if (name == "selectattr" || name == "rejectattr") {
     check(!a.empty(), "chat template: {} needs an attribute name", name);
     const std::string attr = to_string(a[0]);
@@ -880,7 +1307,7 @@ Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
       const bool ok = a.size() > 1 ? call_test(to_string(a[1]), field, rest) : truthy(field);
       if (ok == (name == "selectattr")) out.push_back(x);
     }
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
   if (name == "map") {
     json out = json::array();
@@ -889,7 +1316,7 @@ Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
       if (!attr.empty()) out.push_back(get_attr(Value::of(x), attr).j());
       else out.push_back(call_filter(to_string(a.at(0)), Value::of(x), a, k).j());
     }
-    return Value::of(out);
+    return Value::of(std::move(out));
   }
   if (name == "safe" || name == "e" || name == "escape") return v;
   fail("chat template: unsupported filter '{}'", name);
@@ -903,19 +1330,31 @@ struct Node {
 };
 using NodeP = std::shared_ptr<Node>;
 
+// Appends to a render's output (or a `{% set %}` capture), bounded by max_output_bytes.
+void emit(std::string& out, const std::string& s) {
+  const size_t cap = limits().max_output_bytes;
+  check(s.size() <= cap && out.size() <= cap - s.size(), "chat template: output size limit exceeded (more than {} bytes)", cap);
+  charge(s.size());
+  out += s;
+}
+
 struct Block : Node {
   std::vector<NodeP> children;
   void render(Context& c, std::string& out) const override {
-    for (auto& n : children) n->render(c, out);
+    DepthGuard guard;
+    for (auto& n : children) {
+      charge(kEvalCost);
+      n->render(c, out);
+    }
   }
 };
 struct TextNode : Node {
   std::string text;
-  void render(Context&, std::string& out) const override { out += text; }
+  void render(Context&, std::string& out) const override { emit(out, text); }
 };
 struct OutputNode : Node {
   ExprP e;
-  void render(Context& c, std::string& out) const override { out += to_string(e->eval(c)); }
+  void render(Context& c, std::string& out) const override { emit(out, to_string(e->eval(c))); }
 };
 struct IfNode : Node {
   std::vector<std::pair<ExprP, NodeP>> branches;  // a null condition is the else branch
@@ -929,37 +1368,67 @@ struct ForNode : Node {
   ExprP iterable, filter;
   NodeP body, otherwise;
   void render(Context& c, std::string& out) const override {
-    const Value it = iterable->eval(c);
-    json items = json::array();
+    const Value it = iterable->eval(c);  // holds the (immutable) items alive for the loop
     const json& j = it.j();
-    if (j.is_array()) items = j;
-    else if (j.is_object()) for (auto& [k, v] : j.items()) items.push_back(k);
-    else if (j.is_string()) for (char ch : j.get<std::string>()) items.push_back(std::string(1, ch));
-    else check(it.is_undefined() || j.is_null(), "chat template: cannot loop over {}", j.type_name());
-    std::vector<json> selected;
-    for (auto& x : items) {
+    json keys = json::array();
+    const json* items = &keys;
+    if (j.is_array()) {
+      items = &j;
+    } else if (j.is_object()) {
+      for (auto& [k, v] : j.items()) keys.push_back(k);
+    } else if (j.is_string()) {
+      check_list_size(j.get_ref<const std::string&>().size());
+      for (char ch : j.get_ref<const std::string&>()) keys.push_back(std::string(1, ch));
+    } else {
+      check(it.is_undefined() || j.is_null(), "chat template: cannot loop over {}", j.type_name());
+    }
+    std::vector<const json*> selected;
+    selected.reserve(items->size());
+    for (auto& x : *items) {
+      charge(kEvalCost);
       if (filter) {
+        tick_iteration();
         c.scopes.emplace_back();
         bind(c, x);
         const bool keep = truthy(filter->eval(c));
         c.scopes.pop_back();
         if (!keep) continue;
       }
-      selected.push_back(x);
+      selected.push_back(&x);
     }
     if (selected.empty()) {
       if (otherwise) otherwise->render(c, out);
       return;
     }
-    for (size_t i = 0; i < selected.size(); ++i) {
+    const int64_t n = int64_t(selected.size());
+    std::shared_ptr<json> loop;  // reused from one iteration to the next while nothing else holds it
+    for (int64_t i = 0; i < n; ++i) {
+      tick_iteration();
       c.scopes.emplace_back();
-      bind(c, selected[i]);
-      const int64_t n = int64_t(selected.size());
-      json loop = {{"index", int64_t(i) + 1}, {"index0", int64_t(i)}, {"first", i == 0}, {"last", int64_t(i) + 1 == n},
-                   {"length", n}, {"revindex", n - int64_t(i)}, {"revindex0", n - int64_t(i) - 1}};
-      if (i > 0) loop["previtem"] = selected[i - 1];
-      if (int64_t(i) + 1 < n) loop["nextitem"] = selected[i + 1];
-      c.set("loop", Value::of(loop));
+      bind(c, *selected[size_t(i)]);
+      const bool middle = i > 1 && i + 1 < n;  // the same keys as the iteration before
+      const bool reuse = middle && loop && loop.use_count() == 1;
+      uint64_t cost = (reuse ? 2 : 10) * kNodeCost;  // reused: only previtem and nextitem are new
+      if (i > 0) cost += measure(*selected[size_t(i - 1)], 1);
+      if (i + 1 < n) cost += measure(*selected[size_t(i + 1)], 1);
+      charge(cost);
+      if (reuse) {
+        auto& m = loop->get_ref<json::object_t&>();  // index, index0, first, last, length, revindex, revindex0, previtem, nextitem
+        m.begin()[0].second = i + 1, m.begin()[1].second = i, m.begin()[2].second = false, m.begin()[3].second = false;
+        m.begin()[5].second = n - i, m.begin()[6].second = n - i - 1;
+        m.begin()[7].second = *selected[size_t(i - 1)], m.begin()[8].second = *selected[size_t(i + 1)];
+      } else {
+        json l = {{"index", i + 1}, {"index0", i}, {"first", i == 0}, {"last", i + 1 == n},
+                  {"length", n}, {"revindex", n - i}, {"revindex0", n - i - 1}};
+        if (i > 0) l["previtem"] = *selected[size_t(i - 1)];
+        if (i + 1 < n) l["nextitem"] = *selected[size_t(i + 1)];
+        loop = std::make_shared<json>(std::move(l));
+      }
+      Value v;
+      v.kind = Value::Kind::Data;
+      v.data = loop;
+      v.cost = cost;
+      c.set("loop", std::move(v));
       body->render(c, out);
       c.scopes.pop_back();
     }
@@ -979,14 +1448,17 @@ struct SetNode : Node {
     if (body) {
       std::string captured;
       body->render(c, captured);
-      v = Value::of(captured);
+      v = Value::of(std::move(captured));
     } else {
       v = e->eval(c);
     }
     if (attr.empty()) return c.set(name, v);
     const Value target = c.lookup(name);
     check(target.kind == Value::Kind::Namespace, "chat template: can only set attributes of a namespace");
-    (*target.ns)[attr] = v.j();
+    check_list_size(target.ns->size() + (target.ns->contains(attr) ? 0 : 1));
+    charge(measure(v.j(), 1));  // one level below the namespace; and the copy below
+    json copy = v.j();  // (v may be this very namespace)
+    (*target.ns)[attr] = std::move(copy);
   }
 };
 
@@ -996,6 +1468,13 @@ class StmtParser {
   explicit StmtParser(const std::vector<Piece>& pieces) : pieces_(pieces) {}
 
   NodeP parse_block(const std::vector<std::string>& enders, std::string* ended_by) {
+    check(depth_ < limits().max_depth, "chat template: statement nesting depth limit exceeded (deeper than {})",
+          limits().max_depth);
+    ++depth_;
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     auto block = std::make_shared<Block>();
     while (pos_ < pieces_.size()) {
       const Piece& p = pieces_[pos_];
@@ -1028,6 +1507,7 @@ class StmtParser {
  private:
   const std::vector<Piece>& pieces_;
   size_t pos_ = 0;
+  int depth_ = 0;
 
   static std::string keyword(const std::string& s) {
     const size_t a = s.find_first_not_of(" \t\r\n");
@@ -1115,19 +1595,27 @@ void add_globals(Context& c) {
   c.set("range", Value::function([](Args& a, Kwargs&) {
           check(!a.empty() && a.size() <= 3, "chat template: range() takes 1 to 3 arguments");
           int64_t start = 0, stop, step = 1;
-          if (a.size() == 1) stop = a[0].j().get<int64_t>();
-          else start = a[0].j().get<int64_t>(), stop = a[1].j().get<int64_t>();
-          if (a.size() == 3) step = a[2].j().get<int64_t>();
+          if (a.size() == 1) stop = int_of(a[0].j(), "range()");
+          else start = int_of(a[0].j(), "range()"), stop = int_of(a[1].j(), "range()");
+          if (a.size() == 3) step = int_of(a[2].j(), "range()");
           check(step != 0, "chat template: range() step is zero");
+          // The count in 128 bits: stop - start and the steps cannot overflow there.
+          const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+          const __int128 stride = step > 0 ? __int128(step) : -__int128(step);
+          const __int128 count = span <= 0 ? 0 : (span + stride - 1) / stride;
+          check(count <= __int128(limits().max_list_items),
+                "chat template: list size limit exceeded (range() of {} items; the limit is {})", uint64_t(count),
+                limits().max_list_items);
           json out = json::array();
-          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
-          return Value::of(out);
+          for (__int128 i = 0; i < count; ++i) out.push_back(int64_t(start + i * step));
+          return Value::of(std::move(out));
         }));
   c.set("namespace", Value::function([](Args&, Kwargs& k) {
           Value v;
           v.kind = Value::Kind::Namespace;
           v.ns = std::make_shared<json>(json::object());
           for (auto& [key, val] : k) (*v.ns)[key] = val.j();
+          charge(measure(*v.ns, 0));
           return v;
         }));
   c.set("raise_exception", Value::function([](Args& a, Kwargs&) -> Value {
@@ -1135,9 +1623,12 @@ void add_globals(Context& c) {
         }));
   c.set("strftime_now", Value::function([](Args& a, Kwargs&) {
           const std::time_t t = std::time(nullptr);
-          char buf[128];
-          std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_string(a[0]).c_str(), std::localtime(&t));
-          return Value::of(std::string(buf));
+          std::tm tm{};
+          localtime_r(&t, &tm);
+          char buf[256];
+          const std::string format = a.empty() ? "%Y-%m-%d" : to_string(a[0]);
+          const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &tm);  // 0: too long (or empty)
+          return Value::of(std::string(buf, n));
         }));
   c.set("dict", Value::function([](Args&, Kwargs& k) {
           json out = json::object();
@@ -1146,24 +1637,44 @@ void add_globals(Context& c) {
         }));
 }
 
-Template::Template(const std::string& source) {
-  const auto pieces = lex(source);
-  StmtParser parser(pieces);
-  root_ = parser.parse_block({}, nullptr);
+// Runs f, turning any exception other than serval::Error (a JSON type error, an index out of range,
+// memory exhausted) into one, so that a bad template is always reported the same way.
+template <typename F>
+auto guarded(F&& f) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("chat template: {}", e.what());
+  }
+}
+
+Template::Template(const std::string& source, const Limits& limits) : limits_(limits) {
+  guarded([&] {
+    StateScope state(limits_);
+    const auto pieces = lex(source);
+    StmtParser parser(pieces);
+    root_ = parser.parse_block({}, nullptr);
+    return 0;
+  });
 }
 
 Template::~Template() = default;
 
 std::string Template::render(const nlohmann::ordered_json& context) const {
-  Context c;
-  c.scopes.emplace_back();
-  add_globals(c);
-  c.scopes.emplace_back();
-  check(context.is_object(), "chat template context must be an object");
-  for (auto& [k, v] : context.items()) c.set(k, Value::of(v));
-  std::string out;
-  root_->render(c, out);
-  return out;
+  return guarded([&] {
+    StateScope state(limits_);
+    Context c;
+    c.scopes.emplace_back();
+    add_globals(c);
+    c.scopes.emplace_back();
+    check(context.is_object(), "chat template context must be an object");
+    for (auto& [k, v] : context.items()) c.set(k, Value::input(v));  // checks the input's nesting too
+    std::string out;
+    root_->render(c, out);
+    return out;
+  });
 }
 
 }  // namespace serval::jinja
