@@ -10,7 +10,15 @@ namespace serval {
 
 SafetensorsFile::SafetensorsFile(const std::string& path)
     : path_(path), file_(std::make_unique<MappedFile>(path)) {
-  const auto bytes = file_->bytes();
+  parse(file_->bytes());
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& name, std::span<const uint8_t> bytes) : path_(name) {
+  parse(bytes);
+}
+
+void SafetensorsFile::parse(std::span<const uint8_t> bytes) {
+  const std::string& path = path_;
   check(bytes.size() >= 8, "{}: truncated safetensors file (no header length)", path);
   uint64_t header_len;
   std::memcpy(&header_len, bytes.data(), 8);
@@ -28,6 +36,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     if (name == "__metadata__") continue;
     check(entry.is_object() && entry.contains("dtype") && entry.contains("shape") && entry.contains("data_offsets"),
           "{}: tensor '{}' lacks dtype, shape or data_offsets", path, name);
+    check(entry["dtype"].is_string(), "{}: tensor '{}' has a dtype that is not a string", path, name);
     const auto dtype = entry["dtype"].get<std::string>();
     DType type;
     if (dtype == "F32") type = DType::F32;
@@ -42,7 +51,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
       check(it->is_number_unsigned() && it->get<uint64_t>() > 0 && it->get<uint64_t>() < (uint64_t(1) << 40),
             "{}: tensor '{}' has a bad dimension", path, name);
       t.ne.push_back(it->get<uint64_t>());
-      n *= t.ne.back();
+      check(!__builtin_mul_overflow(n, t.ne.back(), &n), "{}: tensor '{}' has too many elements", path, name);
     }
     if (t.ne.empty()) t.ne.push_back(1);
     const auto& off = entry["data_offsets"];
@@ -52,9 +61,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     check(begin <= end && end <= data_size, "{}: tensor '{}' data [{}, {}) runs past the end of the file", path, name,
           begin, end);
     t.nbytes = end - begin;
-    check(t.nbytes == n * dtype_info(type).block_bytes, "{}: tensor '{}' byte size {} does not match its shape", path,
+    uint64_t shape_bytes = 0;
+    check(!__builtin_mul_overflow(n, uint64_t(dtype_info(type).block_bytes), &shape_bytes) && t.nbytes == shape_bytes, "{}: tensor '{}' byte size {} does not match its shape", path,
           name, t.nbytes);
     t.data = data + begin;
+    // The kernels read elements in place (uint16_t / float loads): the data must be aligned to them.
+    // Writers pad the header to 8 bytes, so real files are; the mapping itself is page-aligned.
+    check(reinterpret_cast<uintptr_t>(t.data) % dtype_info(type).block_bytes == 0,
+          "{}: tensor '{}' data at offset {} is not aligned to its {}-byte elements", path, name, 8 + header_len + begin,
+          dtype_info(type).block_bytes);
     index_[name] = tensors_.size();
     tensors_.push_back(std::move(t));
   }

@@ -2,6 +2,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@ class SafetensorsFile {
  public:
   // Opens and validates `path`; throws Error naming the file and the problem.
   explicit SafetensorsFile(const std::string& path);
+  // Parses bytes held by the caller (they must outlive this object); `name` appears in errors.
+  SafetensorsFile(const std::string& name, std::span<const uint8_t> bytes);
 
   const std::vector<TensorRef>& tensors() const { return tensors_; }
   const TensorRef* find_tensor(const std::string& name) const;
@@ -23,6 +26,8 @@ class SafetensorsFile {
   std::unique_ptr<MappedFile> file_;
   std::vector<TensorRef> tensors_;
   std::map<std::string, size_t> index_;
+
+  void parse(std::span<const uint8_t> bytes);
 };
 
 }  // namespace serval

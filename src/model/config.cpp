@@ -36,6 +36,10 @@ void ModelConfig::validate(const std::string& src) const {
   check(d_head % 2 == 0, "{}: head dimension {} must be even for RoPE", src, d_head);
   check(std::isfinite(norm_eps) && norm_eps > 0 && std::isfinite(rope_base) && rope_base > 0,
         "{}: bad norm epsilon or RoPE base", src);
+  check(n_ctx_train > 0, "{}: the training context length {} must be positive", src, n_ctx_train);
+  check(n_vocab <= INT32_MAX, "{}: vocabulary size {} does not fit 32-bit token ids", src, n_vocab);
+  check(std::isfinite(rope_linear_scale) && rope_linear_scale > 0, "{}: bad RoPE scaling factor {}", src,
+        rope_linear_scale);
   check(static_cast<int64_t>(layer_is_swa.size()) == n_layer, "{}: internal: sliding-window flags", src);
 }
 
@@ -81,6 +85,19 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   return c;
 }
 
+namespace {
+// An integer field: a JSON integer (a float such as 1e300 would not fit, 1.5 is not a count).
+int64_t json_int(const nlohmann::json& j, const char* key, const std::string& path) {
+  const auto& v = j.at(key);
+  check(v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX)),
+        "{}: '{}' must be an integer", path, key);
+  return v.get<int64_t>();
+}
+int64_t json_int_or(const nlohmann::json& j, const char* key, int64_t fallback, const std::string& path) {
+  return j.contains(key) && !j[key].is_null() ? json_int(j, key, path) : fallback;
+}
+}  // namespace
+
 ModelConfig config_from_hf(const std::string& path) {
   nlohmann::json j;
   try {
@@ -93,15 +110,14 @@ ModelConfig config_from_hf(const std::string& path) {
     const std::string type = j.value("model_type", "");
     check(type == "llama" || type == "qwen2", "{}: unsupported model_type '{}' (llama, qwen2)", path, type);
     c.arch = type;
-    c.n_embd = j.at("hidden_size");
-    c.n_layer = j.at("num_hidden_layers");
-    c.n_head = j.at("num_attention_heads");
-    c.n_head_kv = j.value("num_key_value_heads", c.n_head);
-    c.n_ff = j.at("intermediate_size");
-    c.n_vocab = j.at("vocab_size");
-    c.n_ctx_train = j.value("max_position_embeddings", 2048);
-    c.d_head = j.contains("head_dim") && j["head_dim"].is_number() ? j["head_dim"].get<int64_t>()
-                                                                    : (c.n_head > 0 ? c.n_embd / c.n_head : 0);
+    c.n_embd = json_int(j, "hidden_size", path);
+    c.n_layer = json_int(j, "num_hidden_layers", path);
+    c.n_head = json_int(j, "num_attention_heads", path);
+    c.n_head_kv = json_int_or(j, "num_key_value_heads", c.n_head, path);
+    c.n_ff = json_int(j, "intermediate_size", path);
+    c.n_vocab = json_int(j, "vocab_size", path);
+    c.n_ctx_train = json_int_or(j, "max_position_embeddings", 2048, path);
+    c.d_head = json_int_or(j, "head_dim", c.n_head > 0 ? c.n_embd / c.n_head : 0, path);
     c.norm_eps = j.value("rms_norm_eps", 1e-6f);
     c.rope_base = j.value("rope_theta", 10000.0f);
     if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {

@@ -268,6 +268,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special)
   std::string out;
   bool at_start = true;
   for (int32_t id : ids) {
+    if (id < 0 || id >= n_vocab()) continue;  // unknown ids decode to nothing (as token_to_piece)
     std::string piece = token_to_piece(id, render_special);
     // SentencePiece added a space in front of the text; the first piece gives it back.
     if (at_start && vocab_.kind != TokenizerKind::ByteLevelBpe && vocab_.add_space_prefix && !piece.empty() &&

@@ -1,6 +1,7 @@
 // GGUF reader: valid files parse; every kind of bad file gives a clear serval::Error, never a crash.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -8,6 +9,8 @@
 #include "base/mapped_file.h"
 #include "gguf_builder.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "test_support.h"
 
@@ -233,6 +236,50 @@ TEST(Gguf, ModelWithWrongShapeOrArchitectureIsRejected) {
       throw;
     }
   }, Error);
+}
+
+// Safetensors headers and config.json files found by fuzz_safetensors (tests/fuzz/safetensors/regressions):
+// each must give serval::Error, not another exception, an overflow or undefined behaviour.
+std::vector<uint8_t> safetensors_bytes(std::string header, size_t data_bytes) {
+  header.resize((header.size() + 7) / 8 * 8, ' ');  // padded to 8 bytes, as writers do
+  std::vector<uint8_t> out(8);
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  out.insert(out.end(), header.begin(), header.end());
+  out.resize(out.size() + data_bytes);
+  return out;
+}
+
+TEST(Safetensors, BadHeadersGiveErrors) {
+  const auto ok = safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  SafetensorsFile file("ok", ok);
+  ASSERT_EQ(file.tensors().size(), 1u);
+  EXPECT_EQ(file.find_tensor("a")->nbytes, 8u);
+  const auto dtype = safetensors_bytes(R"({"a":{"dtype":1,"shape":[1],"data_offsets":[0,4]}})", 4);
+  EXPECT_THROW(SafetensorsFile("dtype", dtype), Error);
+  // 2^32 x 2^32 elements wrap to 0 in 64 bits: must not pass as an empty tensor.
+  const auto wrap = safetensors_bytes(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0);
+  EXPECT_THROW(SafetensorsFile("wrap", wrap), Error);
+  // Data at an odd offset: F16 elements would be read misaligned (a vector's bytes start on a 16-byte
+  // boundary, and the header is padded to 8 bytes).
+  const auto odd = safetensors_bytes(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[1,5]}})", 6);
+  EXPECT_THROW(SafetensorsFile("odd", odd), Error);
+}
+
+TEST(HfConfig, BadFieldsGiveErrors) {
+  const auto path = std::filesystem::temp_directory_path() / "serval-test-config.json";
+  auto load = [&](const std::string& extra) {
+    std::ofstream(path) << R"({"model_type":"llama","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,)"
+                        << R"("intermediate_size":16,"vocab_size":16)" << extra << "}";
+    return config_from_hf(path.string());
+  };
+  EXPECT_EQ(load("").d_head, 4);
+  EXPECT_EQ(load(R"(,"head_dim":null,"num_key_value_heads":null)").n_head_kv, 2);
+  EXPECT_THROW(load(R"(,"hidden_size":1e300)"), Error);  // duplicate key: the last one wins
+  EXPECT_THROW(load(R"(,"num_hidden_layers":1.5)"), Error);
+  EXPECT_THROW(load(R"(,"max_position_embeddings":-1)"), Error);
+  EXPECT_THROW(load(R"(,"rope_scaling":{"type":"linear","factor":0})"), Error);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -163,5 +163,17 @@ TEST(Tokenizer, PiecesStreamWithoutBrokenUtf8) {
   EXPECT_EQ(out, text);
 }
 
+// Found by fuzz_tokenizer: decode read the attribute of an id outside the vocabulary.
+TEST(Tokenizer, DecodeSkipsIdsOutsideTheVocabulary) {
+  GgufFile g(test::shared_path("tokenizer-tests/ggml-vocab-llama-spm.gguf"));
+  Tokenizer tok(vocab_from_gguf(g));
+  const auto ids = tok.encode("Hello", false);
+  std::vector<int32_t> with_bad{-1, 1 << 30};
+  with_bad.insert(with_bad.end(), ids.begin(), ids.end());
+  with_bad.push_back(tok.n_vocab());
+  EXPECT_EQ(tok.decode(with_bad), "Hello");
+  EXPECT_EQ(tok.decode(with_bad, /*render_special=*/true), "Hello");
+}
+
 }  // namespace
 }  // namespace serval
