@@ -66,7 +66,7 @@ Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_
   scheduler_ = std::make_unique<Scheduler>(*kv_, config_.scheduler);
 }
 
-RequestId Engine::add_request(std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token) {
+void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
   const auto& tok = model_.tokenizer();
   check(!prompt.empty(), "the prompt is empty");
   for (int32_t t : prompt) check(t >= 0 && t < tok.n_vocab(), "prompt token {} is outside the vocabulary", t);
@@ -78,7 +78,13 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, GenerationParams para
   const int64_t needed = std::min(total, max_model_len_);
   check(kv_->fits_alone(needed, config_.scheduler.max_batched_tokens),
         "the request needs KV for {} tokens but the whole cache holds {} tokens", needed, capacity_.tokens);
-  const RequestId id = next_id_++;
+}
+
+RequestId Engine::add_request(std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token,
+                              RequestId id) {
+  check_request(prompt, params);
+  check(!requests_.count(id), "request id {} is in use", id);
+  if (id == 0) id = reserve_id();
   auto r = std::make_unique<Request>(id, std::move(prompt), std::move(params), std::move(on_token), arrivals_++);
   scheduler_->add(r.get());
   counters_.prompt_tokens += r->n_prompt;

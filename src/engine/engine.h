@@ -1,6 +1,7 @@
 // The engine: requests in, token streams out. One step = schedule -> one flattened forward pass
 // -> sample -> commit. Not thread-safe: EngineLoop runs it on one thread.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -54,7 +55,13 @@ class Engine {
 
   // Queues a request; throws Error for an empty prompt, bad parameters or a request that can never fit
   // (the message says the numbers). Events for it go to `on_token`.
-  RequestId add_request(std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token);
+  // `id`: one from reserve_id() (0: the next free id).
+  RequestId add_request(std::vector<int32_t> prompt, GenerationParams params, TokenCallback on_token, RequestId id = 0);
+  // add_request's checks without adding: reads only what is fixed at construction, so any thread may
+  // call it while the engine runs.
+  void check_request(const std::vector<int32_t>& prompt, const GenerationParams& params) const;
+  // A fresh request id; thread-safe.
+  RequestId reserve_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
   // Finishes a request now with reason Abort; its blocks return to the pool at once. False if unknown.
   bool abort(RequestId id);
   // Aborts every request (each stream gets its final event).
@@ -80,7 +87,7 @@ class Engine {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::map<RequestId, std::unique_ptr<Request>> requests_;
-  RequestId next_id_ = 1;
+  std::atomic<RequestId> next_id_{1};
   int64_t arrivals_ = 0;
   EngineStats counters_;
   std::vector<float> logits_;
