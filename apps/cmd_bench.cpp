@@ -60,7 +60,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (default 128)");
   cmd->add_option("-n,--n-gen", o->n_gen, "generated tokens (default 64)");
   cmd->add_option("-r,--repetitions", o->reps, "repetitions (default 3)");
-  cmd->add_option("-t,--threads", o->threads, "threads");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
   cmd->callback([o] { run_bench(*o); });
 }

@@ -128,7 +128,7 @@ void add_bench_serving(CLI::App& app) {
   cmd->add_option("--output-len", o->output_len, "MIN:MAX output tokens (default 16:128)");
   o->engine.add_to(cmd, /*with_max_seqs=*/false);  // --concurrency sets it
   cmd->add_option("-s,--seed", o->seed, "workload seed");
-  cmd->add_option("-t,--threads", o->threads, "threads");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->callback([o] { run_bench_serving(*o); });
 }
 

@@ -102,7 +102,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
   cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate (default 128)");
   cmd->add_option("-c,--ctx-size", o->ctx, "context size (default: prompt + n, at most the trained context)");
-  cmd->add_option("-t,--threads", o->threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->add_option("--temp", s.temperature, "temperature; 0 = greedy (default 0.8)");
   cmd->add_option("--top-k", s.top_k, "top-k, 0 = off (default 40)");
   cmd->add_option("--top-p", s.top_p, "top-p, 1 = off (default 0.95)");

@@ -76,7 +76,7 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->ctx, "chunk (context) size (default 512)");
   cmd->add_option("-b,--batch-size", o->batch, "tokens per forward pass (default 512)");
   cmd->add_option("--chunks", o->max_chunks, "score at most this many chunks");
-  cmd->add_option("-t,--threads", o->threads, "threads");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
   cmd->callback([o] { run_perplexity(*o); });
@@ -90,11 +90,13 @@ namespace {
 struct ScoreOptions {
   std::string model, prompt, ids, cache_type = "f16";
   bool no_bos = false;
+  int threads = 0;
 };
 
 // Teacher-forced scoring: after the prompt, each given token is appended in one batch; for every
 // position print the model's own greedy choice and the log-probability of the given token.
 void run_score(const ScoreOptions& o) {
+  set_threads(o.threads);
   auto model = Model::load(resolve_model_path(o.model));
   const auto& tok = model->tokenizer();
   std::vector<int32_t> tokens = tok.encode(o.prompt, !o.no_bos);
@@ -131,6 +133,7 @@ void add_score(CLI::App& app) {
   cmd->add_option("--ids", o->ids, "comma-separated continuation token ids")->required();
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->callback([o] { run_score(*o); });
 }
 

@@ -26,7 +26,8 @@ std::string resolve_model_path(const std::string& name_or_path);
 std::string model_cache_dir();
 // "f16" / "f32" to a KV cache type; throws Error otherwise.
 DType parse_cache_type(const std::string& name);
-// Sets the OpenMP thread count when n > 0.
+// Sets the process-wide compute thread count (base/cpu.h): n > 0 that many, otherwise the cores
+// available to the process. Applied to the calling thread and to every EngineLoop thread.
 void set_threads(int n);
 
 }  // namespace serval::cli

@@ -1,11 +1,10 @@
 // `serval`: the command-line entry point. Every error is reported as one clear line, exit code 1.
-#include <omp.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 #include "apps/commands.h"
+#include "base/cpu.h"
 #include "base/error.h"
 
 namespace serval::cli {
@@ -29,9 +28,7 @@ DType parse_cache_type(const std::string& name) {
   fail("unsupported KV cache type '{}' (f16, f32)", name);
 }
 
-void set_threads(int n) {
-  if (n > 0) omp_set_num_threads(n);
-}
+void set_threads(int n) { set_compute_threads(n); }
 
 }  // namespace serval::cli
 
@@ -50,6 +47,7 @@ int main(int argc, char** argv) {
   serval::cli::add_template(app);
   serval::cli::add_bench_serving(app);
   try {
+    serval::set_compute_threads(0);  // every command computes on the available cores unless -t says otherwise
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
