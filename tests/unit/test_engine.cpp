@@ -345,3 +345,61 @@ TEST(RealModelEngine, Gemma3SlidingWindowFreesBlocksAndMatchesAlone) {
 
 }  // namespace
 }  // namespace serval
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/cpu.h"
+
+namespace serval {
+namespace {
+
+// An exception thrown by run_on_engine's function reaches the caller; the engine thread lives on.
+TEST_F(StoriesEngine, RunOnEngineRethrowsAndTheLoopCarriesOn) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 64;
+  Engine e(*model_, cfg);
+  EngineLoop loop(e);
+  EXPECT_THROW(loop.run_on_engine([](Engine&) { throw Error("from the engine thread"); }), Error);
+  EXPECT_THROW(loop.run_on_engine([](Engine&) { throw std::runtime_error("not an Error"); }), std::runtime_error);
+  auto s = loop.submit(encode("Once upon a time"), sampled(5, 7));
+  std::vector<int32_t> got;
+  for (;;) {
+    auto ev = s->next(std::chrono::seconds(30));
+    ASSERT_TRUE(ev.has_value()) << "the engine thread no longer serves requests";
+    if (ev->finished) {
+      EXPECT_EQ(ev->reason, FinishReason::Length);
+      break;
+    }
+    got.push_back(ev->token);
+  }
+  EXPECT_EQ(got, run_alone(*model_, encode("Once upon a time"), sampled(5, 7)).tokens);
+  EXPECT_EQ(loop.stats().kv_usage, 0.0);
+}
+
+#ifdef _OPENMP
+// OpenMP's thread count is per thread: EngineLoop's thread uses the process-wide compute setting,
+// not the runtime's default.
+TEST_F(StoriesEngine, EngineLoopThreadUsesTheComputeThreadSetting) {
+  EngineConfig cfg;
+  cfg.num_blocks = 16;
+  Engine e(*model_, cfg);
+  for (int n : {1, 3}) {
+    set_compute_threads(n);
+    EngineLoop loop(e);
+    int seen = 0;
+    loop.run_on_engine([&](Engine&) { seen = omp_get_max_threads(); });
+    EXPECT_EQ(seen, n);
+  }
+  set_compute_threads(0);
+  EngineLoop loop(e);
+  int seen = 0;
+  loop.run_on_engine([&](Engine&) { seen = omp_get_max_threads(); });
+  EXPECT_EQ(seen, available_cores());
+}
+#endif
+
+}  // namespace
+}  // namespace serval
