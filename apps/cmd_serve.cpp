@@ -40,15 +40,16 @@ void run_serve(ServeOptions& o) {
   if (!o.chat_template_file.empty()) {
     o.server.chat_template = read_text_file(o.chat_template_file);
   }
+  const char* scheme = o.server.ssl_certfile.empty() ? "http" : "https";
   HttpServer server(o.server);
   server.start();  // /health answers 503 while the model loads
-  fmt::print(stderr, "serval: listening on http://{}:{} (loading {})\n", o.server.host, server.port(), path);
+  fmt::print(stderr, "serval: listening on {}://{}:{} (loading {})\n", scheme, o.server.host, server.port(), path);
   auto model = Model::load(path);
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
   EngineLoop loop(engine);
   server.attach(*model, loop);
-  const std::string url = fmt::format("http://{}:{}", o.server.host, server.port());
+  const std::string url = fmt::format("{}://{}:{}", scheme, o.server.host, server.port());
   fmt::print(stderr,
              "serval: ready: {} serves '{}' — open {}/ in a browser, or try\n"
              "  curl {}/v1/chat/completions -H 'Content-Type: application/json' -d "
@@ -65,7 +66,7 @@ void run_serve(ServeOptions& o) {
   pthread_kill(watcher.native_handle(), SIGTERM);
   watcher.join();
   loop.stop();
-  fmt::print(stderr, "serval: stopped\n");
+  fmt::print(stderr, "serval: stopped (at most {} connections were open at once)\n", server.peak_connections());
 }
 
 }  // namespace
@@ -87,6 +88,22 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--request-timeout", s.request_timeout_s, "seconds before a request is aborted (default 600)");
   cmd->add_option("--drain-timeout", s.drain_timeout_s, "seconds in-flight requests get on SIGTERM (default 30)");
   cmd->add_option("-t,--threads", o->threads, "compute threads");
+  cmd->add_flag("--trust-request-chat-template", s.trust_request_chat_template,
+                "accept a `chat_template` in request bodies (off: such requests get 400)");
+  cmd->add_option("--ssl-certfile", s.ssl_certfile, "PEM certificate chain: serve HTTPS (with --ssl-keyfile)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ssl-keyfile", s.ssl_keyfile, "PEM private key for --ssl-certfile")->check(CLI::ExistingFile);
+  cmd->add_option("--timeout-keep-alive", s.keep_alive_timeout_s, "seconds an idle keep-alive connection stays open (default 5)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout-header", s.header_timeout_s, "seconds a client gets to send its headers (default 10)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout-body", s.body_timeout_s, "seconds a client gets to send its body (default 60)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-threads", s.io_threads, "event-loop threads for all connections (default 2)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--api-threads", s.api_threads, "threads that parse and submit requests (default 4)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_flag("--reuse-port", s.reuse_port, "bind with SO_REUSEPORT so several servers share the port");
   cmd->callback([o] { run_serve(*o); });
 }
 

@@ -9,12 +9,6 @@
 #include "engine/engine_loop.h"
 #include "server/metrics.h"
 
-namespace httplib {
-class Server;
-class Request;
-class Response;
-}  // namespace httplib
-
 namespace serval {
 
 namespace jinja {
@@ -32,7 +26,14 @@ struct ServerConfig {
   double drain_timeout_s = 30;         // on SIGTERM, in-flight requests get this long to finish
   std::string served_model_name;       // the `model` clients send (default: the file's name)
   std::string chat_template;           // overrides the model's template (Jinja source)
-  int threads = 64;                    // HTTP worker threads (one per open connection)
+  bool trust_request_chat_template = false;  // accept `chat_template` in request bodies
+  int io_threads = 2;                  // event loop threads (all connections)
+  int api_threads = 4;                 // request parsing, tokenizing, submitting to the engine
+  bool reuse_port = false;             // SO_REUSEPORT (several servers on one port): only when asked
+  double keep_alive_timeout_s = 5;     // idle keep-alive connections are closed after this
+  double header_timeout_s = 10;        // slow headers (slowloris) are cut off after this
+  double body_timeout_s = 60;          // slow bodies likewise
+  std::string ssl_certfile, ssl_keyfile;  // both set: serve HTTPS
 };
 
 class HttpServer {
@@ -49,6 +50,7 @@ class HttpServer {
   // Graceful: refuse new requests, let in-flight ones finish (up to the drain timeout), then close.
   void drain_and_stop();
   int port() const { return bound_port_; }
+  size_t peak_connections() const;
   const ServerConfig& config() const { return config_; }
 
  private:

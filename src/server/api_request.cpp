@@ -1,0 +1,296 @@
+#include "server/api_request.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <stdexcept>
+
+#include "base/error.h"
+#include "server/jinja.h"
+#include "tokenizer/tokenizer.h"
+
+namespace serval {
+
+void bad_request(std::string message, std::string param) {
+  throw ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
+}
+
+json error_json(const ApiError& e) {
+  json err{{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+           {"code", e.code.empty() ? json(e.status) : json(e.code)}};
+  return json{{"error", err}, {"object", "error"}, {"message", e.message}, {"code", e.status}};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+// Typed optional field access with OpenAI-style errors.
+template <typename T>
+std::optional<T> field(const json& body, const char* name);
+
+template <>
+std::optional<double> field<double>(const json& b, const char* n) {
+  if (!b.contains(n) || b[n].is_null()) return std::nullopt;
+  if (!b[n].is_number()) bad_request(fmt::format("'{}' must be a number", n), n);
+  const double v = b[n].get<double>();
+  if (!std::isfinite(v)) bad_request(fmt::format("'{}' must be finite", n), n);
+  return v;
+}
+template <>
+std::optional<int64_t> field<int64_t>(const json& b, const char* n) {
+  if (!b.contains(n) || b[n].is_null()) return std::nullopt;
+  if (b[n].is_number_float() && b[n].get<double>() == std::floor(b[n].get<double>()) && std::abs(b[n].get<double>()) < 1e15)
+    return int64_t(b[n].get<double>());
+  if (b[n].is_number_unsigned() && b[n].get<uint64_t>() > uint64_t(INT64_MAX))
+    bad_request(fmt::format("'{}' is too large", n), n);
+  if (!b[n].is_number_integer()) bad_request(fmt::format("'{}' must be an integer", n), n);
+  return b[n].get<int64_t>();
+}
+template <>
+std::optional<bool> field<bool>(const json& b, const char* n) {
+  if (!b.contains(n) || b[n].is_null()) return std::nullopt;
+  if (!b[n].is_boolean()) bad_request(fmt::format("'{}' must be a boolean", n), n);
+  return b[n].get<bool>();
+}
+
+void check_messages(const json& body) {
+  if (!body.contains("messages") || !body["messages"].is_array()) bad_request("'messages' must be an array", "messages");
+  const json& messages = body["messages"];
+  if (messages.empty()) bad_request("'messages' must not be empty", "messages");
+  for (const auto& m : messages) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad_request("each message needs a string 'role'", "messages");
+    if (m.contains("content") && !m["content"].is_string() && !m["content"].is_array() && !m["content"].is_null())
+      bad_request("a message's 'content' must be a string or a list of parts", "messages");
+  }
+}
+
+// The request's own template, when the server trusts request templates.
+std::unique_ptr<jinja::Template> request_template(const json& body, const ApiContext& ctx) {
+  if (!body.contains("chat_template") || body["chat_template"].is_null()) return nullptr;
+  if (!ctx.trust_request_chat_template)
+    bad_request("a chat template in the request is not accepted by this server (start it with "
+                "--trust-request-chat-template to allow it)", "chat_template");
+  if (!body["chat_template"].is_string()) bad_request("'chat_template' must be a string", "chat_template");
+  try {
+    return std::make_unique<jinja::Template>(body["chat_template"].get<std::string>());
+  } catch (const Error& e) {
+    bad_request(std::string("unsupported chat template: ") + e.what(), "chat_template");
+  }
+}
+
+std::vector<int32_t> checked_token_ids(const json& ids, const Tokenizer& tok, const char* param) {
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
+  for (const auto& t : ids) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
+      bad_request(fmt::format("'{}' must be token ids inside the vocabulary", param), param);
+    out.push_back(t.get<int32_t>());
+  }
+  return out;
+}
+
+std::vector<int32_t> completion_prompt(const json& b, const Tokenizer& tok) {
+  if (!b.contains("prompt")) bad_request("'prompt' is required", "prompt");
+  const json& p = b["prompt"];
+  std::vector<int32_t> prompt;
+  if (p.is_string()) {
+    if (p.get<std::string>().empty()) bad_request("'prompt' must not be empty", "prompt");
+    prompt = tok.encode(p.get<std::string>(), true, true);
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    prompt = checked_token_ids(p, tok, "prompt");
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    prompt = tok.encode(p[0].get<std::string>(), true, true);
+  } else {
+    bad_request("'prompt' must be a string, a list of one string, or a list of token ids", "prompt");
+  }
+  if (prompt.empty()) bad_request("'prompt' must not be empty", "prompt");
+  return prompt;
+}
+
+void logit_bias_from(const json& b, SamplingParams& s) {
+  if (!b.contains("logit_bias") || b["logit_bias"].is_null()) return;
+  if (!b["logit_bias"].is_object()) bad_request("'logit_bias' must be an object of token id to bias", "logit_bias");
+  for (auto& [k, v] : b["logit_bias"].items()) {
+    int32_t id;
+    try {
+      size_t used = 0;
+      id = std::stoi(k, &used);
+      if (used != k.size()) throw std::invalid_argument(k);
+    } catch (const std::exception&) {
+      bad_request("'logit_bias' keys must be token ids", "logit_bias");
+    }
+    if (!v.is_number() || !std::isfinite(v.get<double>())) bad_request("'logit_bias' values must be numbers", "logit_bias");
+    s.logit_bias.emplace_back(id, std::clamp(v.get<float>(), -100.0f, 100.0f));
+  }
+}
+
+void sampling_from(const json& b, GenJob& job, const ApiContext& ctx) {
+  SamplingParams& s = job.params.sampling;
+  s.temperature = float(field<double>(b, "temperature").value_or(1.0));
+  s.top_p = float(field<double>(b, "top_p").value_or(1.0));
+  const int64_t top_k = field<int64_t>(b, "top_k").value_or(0);
+  s.top_k = top_k < 0 ? 0 : int32_t(std::min<int64_t>(top_k, 1 << 30));
+  s.min_p = float(field<double>(b, "min_p").value_or(0.0));
+  s.presence_penalty = float(field<double>(b, "presence_penalty").value_or(0.0));
+  s.frequency_penalty = float(field<double>(b, "frequency_penalty").value_or(0.0));
+  s.repeat_penalty = float(field<double>(b, "repetition_penalty").value_or(1.0));
+  s.repeat_last_n = -1;
+  if (auto seed = field<int64_t>(b, "seed")) s.seed = uint64_t(*seed);
+  else s.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  logit_bias_from(b, s);
+  if (job.logprobs > 0) s.n_logprobs = job.logprobs;
+  try {
+    s.validate(ctx.tokenizer->n_vocab());
+  } catch (const Error& e) {
+    bad_request(e.what());
+  }
+}
+
+void logprobs_from(const json& b, bool chat, GenJob& job) {
+  if (!b.contains("logprobs") || b["logprobs"].is_null()) return;
+  int64_t n = -1;
+  if (chat) {
+    if (field<bool>(b, "logprobs").value_or(false)) n = field<int64_t>(b, "top_logprobs").value_or(0);
+  } else {
+    n = field<int64_t>(b, "logprobs").value_or(0);
+  }
+  if (n > 20) bad_request("logprobs can be at most 20", chat ? "top_logprobs" : "logprobs");
+  if (n < -1 || (chat && n < 0 && field<bool>(b, "logprobs").value_or(false)))
+    bad_request("logprobs must not be negative", "logprobs");
+  job.logprobs = int(n);
+}
+
+void lengths_from(const json& b, bool chat, GenJob& job, const ApiContext& ctx) {
+  const int64_t limit = ctx.max_model_len;
+  const int64_t n_prompt = int64_t(job.prompt.size());
+  if (n_prompt >= limit)
+    bad_request(fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens.",
+                            limit, n_prompt), chat ? "messages" : "prompt");
+  auto mt = field<int64_t>(b, "max_completion_tokens");
+  if (!mt) mt = field<int64_t>(b, "max_tokens");
+  const int64_t max_tokens = mt.value_or(chat ? limit - n_prompt : 16);
+  if (max_tokens < 1) bad_request(fmt::format("max_tokens must be at least 1, got {}", max_tokens), "max_tokens");
+  if (max_tokens > limit - n_prompt)
+    bad_request(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
+                            "the prompt, {} in the completion). Please reduce the prompt or max_tokens.",
+                            limit, n_prompt + max_tokens, n_prompt, max_tokens), "max_tokens");
+  job.params.max_tokens = int32_t(max_tokens);
+}
+
+void stops_from(const json& b, GenJob& job) {
+  if (b.contains("stop") && !b["stop"].is_null()) {
+    const json& s = b["stop"];
+    if (s.is_string()) job.stops.push_back(s.get<std::string>());
+    else if (s.is_array() && s.size() <= 16 && std::all_of(s.begin(), s.end(), [](auto& x) { return x.is_string(); }))
+      for (auto& x : s) job.stops.push_back(x.get<std::string>());
+    else bad_request("'stop' must be a string or a list of at most 16 strings", "stop");
+    job.stops.erase(std::remove(job.stops.begin(), job.stops.end(), ""), job.stops.end());
+  }
+  if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null()) {
+    const json& ids = b["stop_token_ids"];
+    if (!ids.is_array() || ids.size() > 64 ||
+        !std::all_of(ids.begin(), ids.end(), [](auto& t) { return t.is_number_integer(); }))
+      bad_request("'stop_token_ids' must be a list of at most 64 token ids", "stop_token_ids");
+    for (auto& t : ids) {
+      const int64_t id = t.get<int64_t>();
+      if (id >= INT32_MIN && id <= INT32_MAX) job.params.stop_token_ids.push_back(int32_t(id));
+    }
+  }
+}
+
+}  // namespace
+
+json parse_json_body(std::string_view text) {
+  // Deeply nested values would make every later copy and render recurse that deep: refuse them while
+  // parsing, before the tree exists.
+  static constexpr int kMaxDepth = 64;
+  const json::parser_callback_t limit_depth = [](int depth, json::parse_event_t event, json&) {
+    if (depth > kMaxDepth && (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start))
+      bad_request(fmt::format("The request body is nested deeper than {} levels", kMaxDepth));
+    return true;
+  };
+  json body;
+  try {
+    body = json::parse(text.begin(), text.end(), limit_depth);
+  } catch (const json::exception& e) {  // parse errors, and numbers out of a double's range
+    bad_request(std::string("Invalid JSON body: ") + e.what());
+  }
+  if (!body.is_object()) bad_request("The request body must be a JSON object");
+  return body;
+}
+
+void check_model_name(const json& body, const ApiContext& ctx) {
+  if (!body.contains("model") || body["model"].is_null()) return;
+  if (!body["model"].is_string()) bad_request("'model' must be a string", "model");
+  const std::string name = body["model"].get<std::string>();
+  if (name != ctx.model_name)
+    throw ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, ctx.model_name),
+                   "NotFoundError", "model", "model_not_found"};
+}
+
+std::string render_chat(const json& body, const ApiContext& ctx) {
+  check_messages(body);
+  const std::unique_ptr<jinja::Template> custom = request_template(body, ctx);
+  const jinja::Template* tmpl = custom ? custom.get() : ctx.chat_template;
+  if (!tmpl)
+    bad_request(ctx.chat_template_error.empty() ? "this model has no chat template; use /v1/completions"
+                                                : "unsupported chat template: " + ctx.chat_template_error);
+  const auto& v = ctx.tokenizer->vocab();
+  const json& agp = body.contains("add_generation_prompt") ? body["add_generation_prompt"] : json(true);
+  if (!agp.is_boolean()) bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt");
+  json vars{{"messages", body["messages"]}, {"add_generation_prompt", agp},
+            {"bos_token", v.bos >= 0 ? v.tokens[v.bos] : ""}, {"eos_token", v.eos >= 0 ? v.tokens[v.eos] : ""}};
+  if (body.contains("tools") && !body["tools"].is_null()) vars["tools"] = body["tools"];
+  try {
+    return tmpl->render(vars);
+  } catch (const Error& e) {
+    bad_request(std::string("chat template error: ") + e.what(), "messages");
+  }
+}
+
+GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx) {
+  const Tokenizer& tok = *ctx.tokenizer;
+  GenJob job;
+  job.chat = chat;
+  job.prompt = chat ? tok.encode(render_chat(b, ctx), /*add_special=*/false, /*parse_special=*/true)
+                    : completion_prompt(b, tok);
+  if (job.prompt.empty()) bad_request("the chat template rendered an empty prompt", "messages");
+  logprobs_from(b, chat, job);
+  sampling_from(b, job, ctx);
+  lengths_from(b, chat, job, ctx);
+  const int64_t n = field<int64_t>(b, "n").value_or(1);
+  if (n < 1 || n > 16) bad_request(fmt::format("n must be between 1 and 16, got {}", n), "n");
+  job.n = int(n);
+  job.params.ignore_eos = field<bool>(b, "ignore_eos").value_or(false);
+  stops_from(b, job);
+  job.stream = field<bool>(b, "stream").value_or(false);
+  if (b.contains("stream_options") && b["stream_options"].is_object())
+    job.include_usage = field<bool>(b["stream_options"], "include_usage").value_or(false);
+  const int64_t priority = field<int64_t>(b, "priority").value_or(0);
+  if (priority < INT32_MIN || priority > INT32_MAX) bad_request("'priority' is out of range", "priority");
+  job.params.priority = int32_t(priority);
+  return job;
+}
+
+std::vector<int32_t> parse_tokenize_request(const json& b, const ApiContext& ctx) {
+  check_model_name(b, ctx);
+  const Tokenizer& tok = *ctx.tokenizer;
+  if (b.contains("messages")) return tok.encode(render_chat(b, ctx), false, true);
+  if (b.contains("prompt") && b["prompt"].is_string())
+    return tok.encode(b["prompt"].get<std::string>(), field<bool>(b, "add_special_tokens").value_or(true), true);
+  bad_request("'prompt' (a string) or 'messages' is required", "prompt");
+}
+
+std::vector<int32_t> parse_detokenize_request(const json& b, const ApiContext& ctx) {
+  check_model_name(b, ctx);
+  if (!b.contains("tokens") || !b["tokens"].is_array()) bad_request("'tokens' must be a list of token ids", "tokens");
+  return checked_token_ids(b["tokens"], *ctx.tokenizer, "tokens");
+}
+
+}  // namespace serval

@@ -1,0 +1,70 @@
+// Parsing and validating OpenAI-style request bodies: everything a client sends is checked here,
+// before it reaches the engine, and every refusal is an ApiError with the status and message the
+// client gets. No I/O and no engine access, so it can be fuzzed on its own (fuzz_http_request).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace serval {
+
+class Tokenizer;
+namespace jinja {
+class Template;
+}
+
+using json = nlohmann::ordered_json;
+
+// An error returned to the client in OpenAI's shape.
+struct ApiError {
+  int status;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;
+  std::string code;
+};
+
+[[noreturn]] void bad_request(std::string message, std::string param = "");
+json error_json(const ApiError& e);
+// JSON text; invalid UTF-8 in strings is replaced rather than thrown on.
+std::string dump(const json& j);
+
+// What validation needs to know about the served model and the server's settings.
+struct ApiContext {
+  const Tokenizer* tokenizer = nullptr;
+  int64_t max_model_len = 0;
+  const jinja::Template* chat_template = nullptr;  // the model's (or --chat-template); may be null
+  std::string chat_template_error;                 // why the model's template could not be used
+  bool trust_request_chat_template = false;        // accept `chat_template` in a request body
+  std::string model_name;
+};
+
+// Everything one completion / chat request asks for, validated.
+struct GenJob {
+  bool chat = false;
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+  int n = 1;
+  std::vector<std::string> stops;
+  bool stream = false, include_usage = false;
+  int logprobs = -1;  // -1: none; chat: top_logprobs count with logprobs=true
+};
+
+// A request body: must be a JSON object.
+json parse_json_body(std::string_view body);
+// 404 unless `model` is absent, null or the served name.
+void check_model_name(const json& body, const ApiContext& ctx);
+// The chat prompt text from `messages` (and `tools`) through the chat template.
+std::string render_chat(const json& body, const ApiContext& ctx);
+// A /v1/completions (chat = false) or /v1/chat/completions body to a job; throws ApiError.
+GenJob parse_generation_request(const json& body, bool chat, const ApiContext& ctx);
+// /tokenize and /detokenize bodies.
+std::vector<int32_t> parse_tokenize_request(const json& body, const ApiContext& ctx);
+std::vector<int32_t> parse_detokenize_request(const json& body, const ApiContext& ctx);
+
+}  // namespace serval

@@ -1,0 +1,89 @@
+// One completion or chat request in flight: submits its n choices to the engine, turns the
+// engine's token events into OpenAI JSON (SSE chunks or one final body) without holding a thread
+// (events wake it on its own strand), and aborts its engine requests when the client hangs up or
+// the request timeout passes.
+#pragma once
+#include <atomic>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine_loop.h"
+#include "server/api_request.h"
+#include "server/http_transport.h"
+#include "server/metrics.h"
+#include "server/text_stream.h"
+
+namespace serval {
+
+class Model;
+
+// What a run needs from the server that owns it.
+struct RunContext {
+  const Model* model = nullptr;
+  EngineLoop* loop = nullptr;
+  Metrics* metrics = nullptr;
+  std::string model_name;
+  std::chrono::milliseconds timeout{600000};
+  http::Headers extra_headers;          // CORS and the like
+  std::function<void()> on_finished;    // once, when the reply is complete or the client is gone
+};
+
+class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
+ public:
+  using SteadyClock = std::chrono::steady_clock;
+  struct Choice {
+    std::unique_ptr<ChoiceText> text;
+    std::string full_text;
+    RequestId engine_id = 0;
+    int64_t tokens = 0;
+    std::vector<int32_t> token_ids;
+    std::vector<float> token_logprobs;
+    std::vector<std::vector<TokenLogprob>> tops;
+    std::string finish_reason;
+    bool done = false, started = false;
+    SteadyClock::time_point t_start, t_first, t_last;
+  };
+
+  CompletionRun(RunContext ctx, GenJob job, std::shared_ptr<http::Exchange> exchange, boost::asio::any_io_executor io);
+  // Submits the choices (throws ApiError if the engine refuses them) and starts answering.
+  void start();
+
+ private:
+  RunContext ctx_;
+  GenJob job_;
+  std::shared_ptr<http::Exchange> ex_;
+  boost::asio::strand<boost::asio::any_io_executor> strand_;
+  boost::asio::steady_timer deadline_;
+  std::shared_ptr<TokenStream> stream_;
+  std::vector<Choice> choices_;
+  std::string id_;
+  int64_t created_ = 0;
+  bool finished_ = false;
+  // Set (release) once every choice has its engine id; drains before that leave events queued.
+  std::atomic<bool> submitted_{false};
+
+  void submit_all();
+  void drain();
+  void on_event(const TokenEvent& ev);
+  bool apply_event(const TokenEvent& ev, std::string& delta, size_t& index);
+  void stream_event(const TokenEvent& ev, const std::string& delta, size_t index);
+  void client_gone();
+  void abort_all();
+  void complete();
+  bool all_done() const;
+  void send_sse(const json& payload);
+
+  json chunk_json(size_t index, const std::string& delta, const Choice* finished, const json& lp, bool first) const;
+  json final_json() const;
+  json usage_json() const;
+  json token_logprob_json(int32_t token, float lp, const std::vector<TokenLogprob>& top) const;
+  json completion_logprobs(const Choice& c) const;
+};
+
+}  // namespace serval
