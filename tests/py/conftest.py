@@ -7,7 +7,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
-SERVAL = BUILD / "serval"
+# SERVAL_BIN runs the tests against another build of the binary (scripts/sanitize: the TSan one).
+SERVAL = pathlib.Path(os.environ["SERVAL_BIN"]).resolve() if os.environ.get("SERVAL_BIN") else BUILD / "serval"
 SHARED = ROOT.parent / "shared"
 MODELS = SHARED / "models"
 CACHE = pathlib.Path(os.environ.get("SERVAL_MODEL_CACHE", pathlib.Path.home() / ".cache" / "serval" / "models"))
@@ -31,5 +32,5 @@ def cached_model(name: str) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def serval_bin():
-    assert SERVAL.exists(), "build/serval missing: run scripts/setup"
+    assert SERVAL.exists(), f"{SERVAL} missing: run scripts/setup"
     return SERVAL

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import ssl
 import socket
 import subprocess
 import time
@@ -18,9 +19,11 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model, *args, name=None):
+    def __init__(self, model, *args, name=None, cafile=None):
+        """`cafile`: the server speaks HTTPS with a certificate that this CA file trusts."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if cafile else 'http'}://127.0.0.1:{self.port}"
+        self.ssl = ssl.create_default_context(cafile=str(cafile)) if cafile else None
         cmd = [str(SERVAL), "serve", str(model), "--port", str(self.port), "--kv-cache-memory", "256MiB", *map(str, args)]
         if name:
             cmd += ["--served-model-name", name]
@@ -33,7 +36,7 @@ class Server:
         while time.time() < deadline:
             assert self.proc.poll() is None, f"server exited: {self.proc.stdout.read()}"
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.url + "/health", timeout=2, context=self.ssl) as r:
                     if json.load(r)["status"] == "ok":
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -44,7 +47,7 @@ class Server:
     def get(self, path, headers=None):
         req = urllib.request.Request(self.url + path, headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=60, context=self.ssl) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -53,7 +56,7 @@ class Server:
         data = body if raw else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=300) as r:
+            with urllib.request.urlopen(req, timeout=300, context=self.ssl) as r:
                 return r.status, json.loads(r.read()), dict(r.headers)
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}"), dict(e.headers)

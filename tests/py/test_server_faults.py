@@ -53,6 +53,7 @@ CASES = [
     ("bad stop", {"prompt": "hi", "stop": [1, 2]}, 400, "stop"),
     ("token ids outside vocab", {"prompt": [1, 2, 999999999]}, 400, "vocabulary"),
     ("too many logprobs", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    ("number out of range", b'{"prompt": "hi", "temperature": 1e400}', 400, "invalid json"),
 ]
 
 
@@ -79,14 +80,30 @@ def test_chat_bad_input(server):
     still_serving(server)
 
 
-def test_unsupported_template_is_400(server):
-    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% macro x() %}{% endmacro %}"}
+def test_request_template_needs_trust(server):
+    # A template is code: unless the server was started with --trust-request-chat-template, 400.
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages[0].content }}"}
     st, resp, _ = server.post("/v1/chat/completions", body)
-    assert_error(st, resp, 400, "unsupported chat template")
-    body["chat_template"] = "{{ raise_exception('nope') }}"
-    st, resp, _ = server.post("/v1/chat/completions", body)
-    assert_error(st, resp, 400, "nope")
+    assert_error(st, resp, 400, "--trust-request-chat-template")
+    assert resp["error"]["param"] == "chat_template"
     still_serving(server)
+
+
+def test_unsupported_template_is_400():
+    s = Server(STORIES, "--trust-request-chat-template")
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% macro x() %}{% endmacro %}",
+                "max_tokens": 2}
+        st, resp, _ = s.post("/v1/chat/completions", body)
+        assert_error(st, resp, 400, "unsupported chat template")
+        body["chat_template"] = "{{ raise_exception('nope') }}"
+        st, resp, _ = s.post("/v1/chat/completions", body)
+        assert_error(st, resp, 400, "nope")
+        body["chat_template"] = "{{ messages[0].content }} there"
+        st, resp, _ = s.post("/v1/chat/completions", body)
+        assert st == 200 and resp["usage"]["prompt_tokens"] > 0
+    finally:
+        assert s.stop() == 0
 
 
 def test_over_long_prompt_says_the_numbers(server):
