@@ -49,7 +49,12 @@ void CompletionRun::start() {
     if (auto self = weak.lock()) net::post(self->strand_, [self] { self->drain(); });
   });
   submit_all();  // throws before anything was sent
-  submitted_.store(true, std::memory_order_release);
+  // Everything after the submission happens on the strand, where the events are handled too.
+  net::post(strand_, [self = shared_from_this()] { self->begin(); });
+}
+
+void CompletionRun::begin() {
+  std::weak_ptr<CompletionRun> weak = weak_from_this();
   if (job_.stream) {
     http::Headers headers = ctx_.extra_headers;
     headers.emplace_back("Cache-Control", "no-cache");
@@ -58,12 +63,13 @@ void CompletionRun::start() {
   ex_->on_disconnect([weak] {
     if (auto self = weak.lock()) net::post(self->strand_, [self] { self->client_gone(); });
   });
-  // The timer's handler holds the run alive until it completes (complete() cancels it).
+  self_ = shared_from_this();  // alive until complete(): event notifications hold only weak references
   deadline_.expires_after(ctx_.timeout);
   deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (!ec && !self->finished_) self->abort_all();  // each choice then ends with "abort"
   });
-  net::post(strand_, [self = shared_from_this()] { self->drain(); });
+  begun_ = true;
+  drain();
 }
 
 void CompletionRun::submit_all() {
@@ -87,8 +93,8 @@ void CompletionRun::submit_all() {
 
 void CompletionRun::drain() {
   // Events can arrive while start() is still submitting (on an API thread): they wait in the stream
-  // until every choice knows its engine id (start() posts a drain after that).
-  if (finished_ || !submitted_.load(std::memory_order_acquire)) return;
+  // until begin() has run on the strand, when every choice knows its engine id.
+  if (finished_ || !begun_) return;
   while (auto ev = stream_->try_next()) on_event(*ev);
   if (all_done()) complete();
 }
@@ -189,6 +195,7 @@ void CompletionRun::complete() {
   if (finished_) return;
   finished_ = true;
   deadline_.cancel();
+  auto keep = std::move(self_);  // released when this returns
   stream_->set_notify(nullptr);
   if (job_.stream) {
     if (job_.include_usage)

@@ -65,10 +65,11 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   std::string id_;
   int64_t created_ = 0;
   bool finished_ = false;
-  // Set (release) once every choice has its engine id; drains before that leave events queued.
-  std::atomic<bool> submitted_{false};
+  std::shared_ptr<CompletionRun> self_;  // from begin() to complete()
+  bool begun_ = false;  // begin() ran (on the strand): drains before that leave events queued
 
   void submit_all();
+  void begin();
   void drain();
   void on_event(const TokenEvent& ev);
   bool apply_event(const TokenEvent& ev, std::string& delta, size_t& index);

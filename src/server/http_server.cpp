@@ -242,6 +242,10 @@ void HttpServer::Impl::generate(http::Request& req, Exchange ex, bool chat) {
   ctx.on_finished = [this] { --in_flight; };
   auto run = std::make_shared<CompletionRun>(std::move(ctx), std::move(job), ex, transport->executor());
   ++in_flight;
+  if (draining) {  // drain_and_stop may have seen in_flight == 0 already: refuse rather than start late
+    --in_flight;
+    return reply(ex, *refuse_while_draining(req));
+  }
   try {
     run->start();
   } catch (...) {

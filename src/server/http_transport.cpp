@@ -46,7 +46,8 @@ std::string response_head(int status, bool http10, const std::string& content_ty
                                  std::string(bhttp::obsolete_reason(bhttp::status(status))));
   if (!content_type.empty()) head += "Content-Type: " + content_type + "\r\n";
   for (const auto& [k, v] : headers) head += k + ": " + v + "\r\n";
-  if (content_length) head += fmt::format("Content-Length: {}\r\n", *content_length);
+  const bool bodyless = status < 200 || status == 204 || status == 304;
+  if (content_length && !bodyless) head += fmt::format("Content-Length: {}\r\n", *content_length);
   else if (!http10) head += "Transfer-Encoding: chunked\r\n";
   head += keep_alive ? (http10 ? "Connection: keep-alive\r\n" : "") : "Connection: close\r\n";
   return head + "\r\n";
@@ -125,6 +126,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   bool busy_ = false, replied_ = false, streaming_ = false, response_done_ = false;
   bool keep_alive_ = true, http10_ = false, writing_ = false, watching_ = false, want_next_ = false, closed_ = false;
   std::function<void()> on_gone_;
+  bool lingering_ = false;
+  std::optional<net::steady_timer> linger_;
 
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
   bool current(uint64_t seq) const { return seq == seq_ && busy_ && !closed_; }
@@ -158,7 +161,9 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
         ec == net::error::connection_reset || ec == bhttp::error::end_of_stream)
       return close();
     if (ec) return reject(400, "Malformed HTTP request: " + ec.message());
-    if (parser_->get()[bhttp::field::expect] == "100-continue") enqueue_raw("HTTP/1.1 100 Continue\r\n\r\n");
+    if (parser_->get().version() == 11 && beast::iequals(parser_->get()[bhttp::field::expect], "100-continue") &&
+        !parser_->is_done())
+      enqueue_raw("HTTP/1.1 100 Continue\r\n\r\n");
     lowest().expires_after(to_duration(sh_.cfg.body_timeout_s));
     bhttp::async_read(stream_, buf_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_request(ec);
@@ -171,13 +176,14 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   void reject(int status, const std::string& message) {
     busy_ = true;
     keep_alive_ = false;
+    replied_ = streaming_ = response_done_ = false;
     ++seq_;
     respond(seq_, sh_.error_page(status, message));
   }
 
   void on_request(beast::error_code ec) {
     if (ec == bhttp::error::body_limit) return reject(413, body_limit_message());
-    if (ec == beast::error::timeout) return reject(408, "The request body was not received in time");
+    if (ec == beast::error::timeout) return close();  // the body did not arrive in time (socket already shut)
     if (ec == net::error::eof || ec == net::error::connection_reset || ec == bhttp::error::end_of_stream ||
         ec == bhttp::error::partial_message)
       return close();
@@ -203,12 +209,13 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   // While a request is answered, a read stays pending: its end is the client hanging up. Bytes that
   // arrive (a pipelined request) are kept for later.
   void watch() {
-    if (closed_ || watching_ || buf_.size() >= sh_.cfg.max_header_bytes) return;
+    if (closed_ || watching_ || (!lingering_ && buf_.size() >= sh_.cfg.max_header_bytes)) return;
     lowest().expires_never();
     watching_ = true;
     stream_.async_read_some(buf_.prepare(4096), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
       self->watching_ = false;
       self->buf_.commit(n);
+      if (self->lingering_) return self->on_linger_read(ec);
       const bool next = std::exchange(self->want_next_, false);  // cancelled because the reply is out
       if (ec == net::error::operation_aborted && next) return self->read_idle();
       if (ec) return self->gone();
@@ -225,7 +232,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   void enqueue(std::string data) {
     if (closed_) return;
-    if (out_bytes_ + data.size() > sh_.cfg.max_buffered_bytes) return gone();  // the client stopped reading
+    if (streaming_ && out_bytes_ > sh_.cfg.max_buffered_bytes) return gone();  // the client stopped reading
     if (data.empty()) {
       if (!writing_ && out_.empty()) finish_response();
       return;
@@ -235,6 +242,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   void write_next() {
     writing_ = true;
+    lowest().expires_after(to_duration(sh_.cfg.write_timeout_s));  // a pending watch read keeps its own timer
     net::async_write(stream_, net::buffer(out_.front()), [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
       self->out_bytes_ -= self->out_.front().size();
@@ -271,19 +279,34 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    if (linger_) linger_->cancel();
     beast::error_code ec;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
     lowest().close();
   }
 
+  // Ends a connection after its last reply without losing that reply: unread bytes at close() would
+  // make the kernel send a reset, so what the client still sends is read and dropped for up to 2 s.
   void shutdown() {
+    lingering_ = true;
+    linger_.emplace(stream_.get_executor(), std::chrono::seconds(2));
+    linger_->async_wait([self = this->shared_from_this()](beast::error_code) { self->close(); });
     if constexpr (kTls) {
-      lowest().expires_after(std::chrono::seconds(2));
+      if (watching_) lowest().socket().cancel();  // async_shutdown reads too
       stream_.async_shutdown([self = this->shared_from_this()](beast::error_code) { self->close(); });
     } else {
       beast::error_code ec;
       lowest().socket().shutdown(tcp::socket::shutdown_send, ec);
-      close();
+      buf_.consume(buf_.size());
+      watch();
+    }
+  }
+
+  void on_linger_read(beast::error_code ec) {
+    buf_.consume(buf_.size());
+    if constexpr (!kTls) {
+      if (ec) return close();
+      watch();
     }
   }
 };
@@ -344,15 +367,19 @@ struct Transport::Impl {
         retry->async_wait([this](beast::error_code) { accept(); });
         return;
       }
-      if (shared.open.load() >= shared.cfg.max_connections) {
-        beast::error_code ignored;
-        socket.close(ignored);
-      } else if (ssl) {
-        std::make_shared<Connection<beast::ssl_stream<beast::tcp_stream>>>(shared, std::move(socket), *ssl)->start();
-      } else {
-        std::make_shared<Connection<beast::tcp_stream>>(shared, std::move(socket))->start();
+      accept();  // first: nothing below may stop the server from accepting
+      try {
+        if (shared.open.load() >= shared.cfg.max_connections) {
+          beast::error_code ignored;
+          socket.close(ignored);
+        } else if (ssl) {
+          std::make_shared<Connection<beast::ssl_stream<beast::tcp_stream>>>(shared, std::move(socket), *ssl)->start();
+        } else {
+          std::make_shared<Connection<beast::tcp_stream>>(shared, std::move(socket))->start();
+        }
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "serval: dropped a new connection: {}\n", e.what());
       }
-      accept();
     });
   }
 };
@@ -415,14 +442,12 @@ void Transport::run() {
 }
 
 void Transport::stop() {
-  net::post(impl_->ioc, [this] {
-    beast::error_code ec;
-    impl_->acceptor.close(ec);
-  });
   impl_->ioc.stop();
   for (auto& t : impl_->threads)
     if (t.joinable()) t.join();
   impl_->threads.clear();
+  beast::error_code ec;
+  impl_->acceptor.close(ec);  // no I/O thread is left: safe here; new clients are refused from now on
 }
 
 boost::asio::any_io_executor Transport::executor() { return impl_->ioc.get_executor(); }

@@ -62,6 +62,7 @@ struct TransportConfig {
   double keep_alive_timeout_s = 5;  // idle keep-alive connection (and a new one before its first byte)
   double header_timeout_s = 10;     // from the first byte to the end of the headers
   double body_timeout_s = 60;       // for the body
+  double write_timeout_s = 60;      // one write (a client that stops reading is dropped after this)
   std::string ssl_certfile, ssl_keyfile;  // both set: HTTPS
 };
 
