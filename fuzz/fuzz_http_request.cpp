@@ -77,10 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       default: {
         const serval::GenJob job = serval::parse_generation_request(body, chat, ctx);
         if (job.chat != chat) violation("GenJob.chat");
-        // A chat template may render to nothing (e.g. a request's own `"chat_template": ""`); the
-        // validator lets that through today and Engine::add_request refuses it (a 400). Input kept in
-        // tests/fuzz/http_request/findings/; make this unconditional once the validator refuses it.
-        if (job.prompt.empty() && !chat) violation("accepted an empty prompt");
+        if (job.prompt.empty()) violation("accepted an empty prompt");
         check_ids(job.prompt, tok, "prompt id out of range");
         const int64_t max_tokens = job.params.max_tokens;
         if (max_tokens < 1 || int64_t(job.prompt.size()) + max_tokens > ctx.max_model_len)
