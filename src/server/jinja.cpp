@@ -791,16 +791,6 @@ class ExprParser {
 
   // Sets e's height from its children's and checks it.
   template <typename T>
-  static std::shared_ptr<T> grown(std::shared_ptr<T> e, std::initializer_list<const ExprP*> kids) {
-    int h = 0;
-    for (const ExprP* k : kids)
-      if (*k) h = std::max(h, (*k)->height);
-    e->height = h + 1;
-    check(e->height <= limits().max_depth, "chat template: expression nesting depth limit exceeded (deeper than {})",
-          limits().max_depth);
-    return e;
-  }
-  template <typename T>
   static std::shared_ptr<T> grown(std::shared_ptr<T> e, const std::vector<ExprP>& kids, std::initializer_list<const ExprP*> more = {}) {
     int h = 0;
     for (const ExprP& k : kids) h = std::max(h, k->height);
@@ -810,6 +800,10 @@ class ExprParser {
     check(e->height <= limits().max_depth, "chat template: expression nesting depth limit exceeded (deeper than {})",
           limits().max_depth);
     return e;
+  }
+  template <typename T>
+  static std::shared_ptr<T> grown(std::shared_ptr<T> e, std::initializer_list<const ExprP*> kids) {
+    return grown(std::move(e), {}, kids);
   }
 
   ExprP parse_ternary() {
