@@ -132,16 +132,15 @@ Batch Engine::build_batch(const SchedulerOutput& plan, std::vector<int64_t>& log
   const int n_groups = model_.config().n_kv_groups();
   const int64_t bs = config_.block_size;
   Batch batch(n_groups);
-  for (int g = 0; g < n_groups; ++g) batch.slot_tables[g].resize(plan.scheduled.size());
+  batch.block_size = int32_t(bs);
+  for (int g = 0; g < n_groups; ++g) batch.block_tables[g].resize(plan.scheduled.size());
   int64_t n_logits = 0;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     const Request& r = *plan.scheduled[s].request;
     const int64_t begin = r.num_computed_tokens, end = begin + plan.scheduled[s].num_new_tokens;
-    for (int g = 0; g < n_groups; ++g) {
-      auto& table = batch.slot_tables[g][s];
+    for (int g = 0; g < n_groups; ++g) {  // the block table: one entry per block_size positions
       const auto& blocks = r.kv.table(g);
-      table.resize(end);
-      for (int64_t p = 0; p < end; ++p) table[p] = blocks[p / bs] < 0 ? -1 : int32_t(blocks[p / bs] * bs + p % bs);
+      batch.block_tables[g][s].assign(blocks.begin(), blocks.begin() + (end + bs - 1) / bs);
     }
     for (int64_t p = begin; p < end; ++p) {
       const bool logits = p == r.num_tokens() - 1;
@@ -149,7 +148,7 @@ Batch Engine::build_batch(const SchedulerOutput& plan, std::vector<int64_t>& log
       batch.positions.push_back(int32_t(p));
       batch.seq_ids.push_back(int32_t(s));
       batch.want_logits.push_back(logits);
-      for (int g = 0; g < n_groups; ++g) batch.slots[g].push_back(batch.slot_tables[g][s][p]);
+      for (int g = 0; g < n_groups; ++g) batch.slots[g].push_back(int32_t(r.kv.table(g)[p / bs] * bs + p % bs));
     }
     logit_row.push_back(end == r.num_tokens() ? n_logits++ : -1);
   }

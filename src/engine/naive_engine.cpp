@@ -55,8 +55,8 @@ NaiveResult NaiveEngine::run(const std::vector<NaiveRequest>& requests) {
     }
     // Padding tokens: computed like real ones, each a sequence of its own (masked out of the rest).
     auto add_padding = [&](Batch& b, int32_t slot) {
-      for (auto& t : b.slot_tables) t.push_back({slot});
-      b.add(tok.vocab().pad >= 0 ? tok.vocab().pad : 0, 0, int32_t(b.slot_tables[0].size() - 1), slot, false);
+      for (auto& t : b.block_tables) t.push_back({slot});
+      b.add(tok.vocab().pad >= 0 ? tok.vocab().pad : 0, 0, int32_t(b.block_tables[0].size() - 1), slot, false);
     };
     bool prefill = true;
     for (int32_t step = 0;; ++step) {
@@ -72,12 +72,12 @@ NaiveResult NaiveEngine::run(const std::vector<NaiveRequest>& requests) {
           add_padding(b, r.base_slot + longest + step - 1);
           continue;
         }
-        const int32_t seq = int32_t(b.slot_tables[0].size());
-        for (auto& t : b.slot_tables) t.push_back({});
+        const int32_t seq = int32_t(b.block_tables[0].size());
+        for (auto& t : b.block_tables) t.push_back({});
         const int32_t first = prefill ? 0 : int32_t(r.tokens.size()) - 1;
         for (int32_t p = 0; p < int32_t(r.tokens.size()); ++p) {
           const int32_t slot = r.base_slot + r.pad + p;
-          for (auto& t : b.slot_tables) t.back().push_back(slot);
+          for (auto& t : b.block_tables) t.back().push_back(slot);
           if (p >= first) b.add(r.tokens[p], p, seq, slot, p + 1 == int32_t(r.tokens.size()));
         }
         logit_of[k] = n_logits++;

@@ -34,6 +34,24 @@ struct KvLayerView {
   void load(const uint8_t* pool, int32_t slot, int64_t offset, int64_t n, float* out) const;
 };
 
+// The keys one query attends: positions [first, last] of a sequence whose KV slots are found through
+// its block table (slot = blocks[p / block_size] * block_size + p % block_size), in position order.
+struct KvSpan {
+  std::span<const int32_t> blocks;
+  int32_t block_size = 1;
+  int64_t first = 0;
+  int64_t last = -1;
+  int64_t size() const { return last - first + 1; }
+  int32_t slot(int64_t p) const { return blocks[p / block_size] * block_size + int32_t(p % block_size); }
+};
+
+// One query token of a batched attention call: its n_head query rows, its keys, its output rows.
+struct AttentionQuery {
+  const float* q = nullptr;
+  KvSpan keys;
+  float* out = nullptr;
+};
+
 struct AttentionShape {
   int n_head = 0;
   int n_head_kv = 0;
@@ -54,6 +72,9 @@ namespace cpu {
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
 // Same contract as ref::attention.
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out);
+// Every query of a batch, each as ref::attention over its KvSpan, on the compute pool. A query's
+// result does not depend on the other queries of the call (batch invariance).
+void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv);
 // Fixed-order dot product of two float vectors.
 float dot(const float* a, const float* b, int64_t n);
 }  // namespace cpu

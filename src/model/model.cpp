@@ -116,16 +116,14 @@ void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::ve
     kv.write(il, batch.slots[group][t], kt, v.data() + t * c.kv_dim());
   }
   std::vector<float> attn(n_tok * c.q_dim());
-  const AttentionShape shape{int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale};
-  const KvLayerView view = kv.view(il);
-#pragma omp parallel for schedule(dynamic) if (n_tok > 1)
+  std::vector<AttentionQuery> queries(n_tok);
   for (int64_t t = 0; t < n_tok; ++t) {
     const int32_t pos = batch.positions[t];
-    const auto& table = batch.slot_tables[group][batch.seq_ids[t]];
     const int64_t first = swa ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
-    const std::span<const int32_t> slots(table.data() + first, pos + 1 - first);
-    cpu::attention(shape, q.data() + t * c.q_dim(), view, slots, attn.data() + t * c.q_dim());
+    const KvSpan keys{batch.block_tables[group][batch.seq_ids[t]], batch.block_size, first, pos};
+    queries[t] = {q.data() + t * c.q_dim(), keys, attn.data() + t * c.q_dim()};
   }
+  cpu::attention_batch({int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale}, queries, kv.view(il));
   std::vector<float> o(n_tok * c.n_embd);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
@@ -150,10 +148,12 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
 void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
   const auto& c = config_;
   check(batch.n_groups() == c.n_kv_groups() && kv.n_groups() == c.n_kv_groups(), "batch or KV cache has the wrong number of KV groups");
+  check(batch.block_size > 0, "block size must be positive");
   for (int g = 0; g < batch.n_groups(); ++g) {
     check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
-    // Per sequence, the span of positions its tokens attend to: checked once, not once per token.
-    std::vector<std::pair<int64_t, int64_t>> span(batch.slot_tables[g].size(), {INT64_MAX, -1});
+    // Per sequence, the span of positions its tokens attend to: checked once per block, not once
+    // per token.
+    std::vector<std::pair<int64_t, int64_t>> span(batch.block_tables[g].size(), {INT64_MAX, -1});
     for (size_t t = 0; t < batch.size(); ++t) {
       check(batch.tokens[t] >= 0 && batch.tokens[t] < c.n_vocab, "token id {} is outside the vocabulary", batch.tokens[t]);
       check(batch.positions[t] >= 0, "negative position");
@@ -164,11 +164,13 @@ void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
       auto& sp = span[batch.seq_ids[t]];
       sp = {std::min(sp.first, first), std::max(sp.second, pos)};
     }
+    const int64_t bs = batch.block_size, n_blocks = kv.n_slots(g) / bs;
     for (size_t s = 0; s < span.size(); ++s) {
-      const auto& table = batch.slot_tables[g][s];
-      check(span[s].second < int64_t(table.size()), "position {} has no KV slot", span[s].second);
-      for (int64_t p = span[s].first; p <= span[s].second; ++p)
-        check(table[p] >= 0 && table[p] < kv.n_slots(g), "position {} of sequence {} has no valid KV slot", p, s);
+      const auto& table = batch.block_tables[g][s];
+      if (span[s].second < 0) continue;
+      check(span[s].second / bs < int64_t(table.size()), "position {} has no KV block", span[s].second);
+      for (int64_t b = span[s].first / bs; b <= span[s].second / bs; ++b)
+        check(table[b] >= 0 && table[b] < n_blocks, "block {} of sequence {} is not a valid KV block", b, s);
     }
   }
 }

@@ -47,18 +47,21 @@ class KvCache {
 };
 
 // One step's tokens from any number of sequences, each with its position and, per KV group, the
-// slot it writes and the slot table of its sequence.
+// slot it writes and the block table of its sequence.
 struct Batch {
-  explicit Batch(int n_groups = 1) : slots(n_groups), slot_tables(n_groups) {}
+  explicit Batch(int n_groups = 1) : slots(n_groups), block_tables(n_groups) {}
 
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;
-  std::vector<int32_t> seq_ids;  // index into slot_tables[g]
+  std::vector<int32_t> seq_ids;  // index into block_tables[g]
   std::vector<uint8_t> want_logits;
   std::vector<std::vector<int32_t>> slots;  // [group][token]: slot this token's K/V is written to
-  // [group][sequence][position]: slot of each position 0..max position in this batch (earlier
-  // tokens included; positions outside a sliding window may be -1).
-  std::vector<std::vector<std::vector<int32_t>>> slot_tables;
+  // [group][sequence]: the sequence's block table, covering positions 0..max position in this batch
+  // (earlier tokens included): position p is in slot table[p / block_size] * block_size +
+  // p % block_size. Blocks wholly outside a sliding window may be -1. With block_size 1 the table
+  // lists one slot per position.
+  std::vector<std::vector<std::vector<int32_t>>> block_tables;
+  int32_t block_size = 1;
 
   // Appends one token writing `slot` in every group.
   void add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits);

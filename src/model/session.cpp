@@ -20,7 +20,7 @@ std::vector<float> SingleSequence::eval(std::span<const int32_t> tokens, bool al
   for (size_t start = 0; start < tokens.size(); start += n_batch) {
     const size_t end = std::min(tokens.size(), start + size_t(n_batch));
     Batch batch(model_.config().n_kv_groups());
-    for (auto& g : batch.slot_tables) g = {slot_table_};
+    for (auto& g : batch.block_tables) g = {slot_table_};
     for (size_t i = start; i < end; ++i) {
       const int32_t pos = int32_t(n_past_ + i);
       batch.add(tokens[i], pos, 0, pos, all_logits || i + 1 == tokens.size());

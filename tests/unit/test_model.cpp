@@ -94,13 +94,13 @@ TEST(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
   // One batch holding all three sequences, KV slots interleaved in one cache.
   KvCache kv(model->config(), 64);
   Batch batch;
-  batch.slot_tables[0].resize(prompts.size());
+  batch.block_tables[0].resize(prompts.size());
   int32_t next_slot = 0;
   for (size_t pos = 0;; ++pos) {
     bool any = false;
     for (size_t s = 0; s < prompts.size(); ++s) {
       if (pos >= prompts[s].size()) continue;
-      batch.slot_tables[0][s].push_back(next_slot);
+      batch.block_tables[0][s].push_back(next_slot);
       batch.add(prompts[s][pos], int32_t(pos), int32_t(s), next_slot++, true);
       any = true;
     }
@@ -126,11 +126,11 @@ TEST(Model, ForwardRejectsBadBatches) {
   KvCache kv(model->config(), 4);
   std::vector<float> logits;
   Batch b;
-  b.slot_tables[0] = {{0, 1}};
+  b.block_tables[0] = {{0, 1}};
   b.add(9999, 0, 0, 0, true);  // token outside the vocabulary
   EXPECT_THROW(model->forward(b, kv, logits), Error);
   Batch c;
-  c.slot_tables[0] = {{0}};
+  c.block_tables[0] = {{0}};
   c.add(1, 0, 0, 7, true);  // slot outside the cache
   EXPECT_THROW(model->forward(c, kv, logits), Error);
   SingleSequence seq(*model, 3);
