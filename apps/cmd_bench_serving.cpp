@@ -1,5 +1,6 @@
 // `serval bench-serving`: offline throughput of the engine (continuous batching, paged KV) against
-// the naive static-batch baseline on the same workload of mixed prompt and output lengths.
+// the naive static-batch baseline on the same workload of mixed prompt and output lengths; with
+// --url, a load generator for a running OpenAI-compatible server over HTTP (apps/bench_http.h).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <map>
 #include <random>
 
+#include "apps/bench_http.h"
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
 #include "base/error.h"
@@ -21,6 +23,13 @@ struct ServingOptions {
   int requests = 64, concurrency = 32, threads = 0;
   EngineFlags engine{"1GiB"};
   uint64_t seed = 1;
+};
+
+// The flags as given; --requests, --concurrency and --output-len have one default per mode.
+struct BenchServingFlags {
+  ServingOptions in_process;
+  HttpBenchOptions http;
+  std::string requests, concurrency, output_len, request_rate;
 };
 
 struct Summary {
@@ -115,21 +124,90 @@ void run_bench_serving(const ServingOptions& o) {
   if (o.mode != "continuous") print_row("naive (static, contiguous)", run_naive(*m, work, o));
 }
 
+constexpr const char* kInProcess = "In-process engine (without --url)";
+constexpr const char* kHttp = "HTTP client (with --url)";
+
+int positive_int(const std::string& s, const char* flag) {
+  const std::vector<int> v = parse_int_list(s, flag);
+  check(v.size() == 1, "{} '{}': one number, not a list", flag, s);
+  return v.front();
+}
+
+// A flag of the other mode is a mistake, not something to ignore silently.
+void check_flag_groups(const CLI::App& cmd, bool http) {
+  for (const CLI::Option* opt : cmd.get_options())
+    if (opt->count() > 0 && opt->get_group() == (http ? kInProcess : kHttp))
+      fail("{} {}", opt->get_name(), http ? "is for the in-process mode (without --url)" : "needs --url");
+}
+
+void run_http_mode(BenchServingFlags& f) {
+  HttpBenchOptions& h = f.http;
+  h.seed = f.in_process.seed;
+  if (!f.requests.empty()) h.requests = positive_int(f.requests, "--requests");
+  if (!f.output_len.empty()) h.output_len = positive_int(f.output_len, "--output-len");
+  if (!f.request_rate.empty()) h.request_rate = parse_rate_list(f.request_rate, "--request-rate");
+  if (!f.concurrency.empty()) h.concurrency = parse_int_list(f.concurrency, "--concurrency");
+  else if (h.request_rate.empty()) h.concurrency = {16};
+  run_http_bench(h);
+}
+
+void run_selected_mode(const CLI::App& cmd, BenchServingFlags& f) {
+  const bool http = cmd.count("--url") > 0;
+  check_flag_groups(cmd, http);
+  if (http) return run_http_mode(f);
+  ServingOptions& o = f.in_process;
+  check(!o.model.empty(), "--model is required (or --url to benchmark a running server)");
+  if (!f.requests.empty()) o.requests = positive_int(f.requests, "--requests");
+  if (!f.concurrency.empty()) o.concurrency = positive_int(f.concurrency, "--concurrency");
+  if (!f.output_len.empty()) o.output_len = f.output_len;
+  run_bench_serving(o);
+}
+
+void add_in_process_flags(CLI::App* cmd, ServingOptions& o) {
+  cmd->add_option("-m,--model", o.model, "model")->group(kInProcess);
+  cmd->add_option("--mode", o.mode, "continuous, naive or both (default)")->group(kInProcess);
+  cmd->add_option("--prompt-len", o.prompt_len, "MIN:MAX prompt tokens (default 16:256)")->group(kInProcess);
+  const size_t before = cmd->get_options().size();
+  o.engine.add_to(cmd, /*with_max_seqs=*/false);  // --concurrency sets it
+  cmd->add_option("-t,--threads", o.threads, "threads (default: the cores available)");
+  const std::vector<CLI::Option*> all = cmd->get_options();
+  for (size_t i = before; i < all.size(); ++i) all[i]->group(kInProcess);
+}
+
+void add_http_flags(CLI::App* cmd, BenchServingFlags& f) {
+  HttpBenchOptions& h = f.http;
+  auto add = [&](const char* name, auto& value, const char* help) { cmd->add_option(name, value, help)->group(kHttp); };
+  add("--url", h.url, "benchmark the OpenAI-compatible server at this URL (http://HOST:PORT) over HTTP");
+  add("--request-rate", f.request_rate, "requests/s, Poisson arrivals, instead of a fixed concurrency; a list sweeps");
+  add("--served-model", h.served_model, "model name to send (default: the first of GET /v1/models)");
+  add("--endpoint", h.endpoint, "completions (default: /v1/completions) or chat (/v1/chat/completions)");
+  add("--prompt-words", h.prompt_words, "synthetic prompts of this many random common words (default 60)");
+  add("--prompt-file", h.prompt_file, "prompts from this file, one a line (used in turn)");
+  add("--shared-prefix-words", h.shared_prefix_words, "the same N random words start every prompt (default 0)");
+  add("--slo-ttft-ms", h.slo_ttft_ms, "goodput: TTFT objective in ms (default: none)");
+  add("--slo-tpot-ms", h.slo_tpot_ms, "goodput: TPOT objective in ms (default: none)");
+  add("--json", h.json_path, "write every figure to this JSON file");
+  add("--plot", h.plot_path, "write a PNG of throughput and TTFT against concurrency (python3 + matplotlib)");
+  add("--api-key", h.api_key, "sent as 'Authorization: Bearer KEY'");
+  add("--timeout", h.timeout_s, "seconds without progress before a request fails (default 600)");
+}
+
 }  // namespace
 
 void add_bench_serving(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench-serving", "Engine throughput: continuous batching versus static batches");
-  auto o = std::make_shared<ServingOptions>();
-  cmd->add_option("-m,--model", o->model, "model")->required();
-  cmd->add_option("--mode", o->mode, "continuous, naive or both (default)");
-  cmd->add_option("--requests", o->requests, "number of requests (default 64)");
-  cmd->add_option("--concurrency", o->concurrency, "sequences at once; the naive batch size (default 32)");
-  cmd->add_option("--prompt-len", o->prompt_len, "MIN:MAX prompt tokens (default 16:256)");
-  cmd->add_option("--output-len", o->output_len, "MIN:MAX output tokens (default 16:128)");
-  o->engine.add_to(cmd, /*with_max_seqs=*/false);  // --concurrency sets it
-  cmd->add_option("-s,--seed", o->seed, "workload seed");
-  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
-  cmd->callback([o] { run_bench_serving(*o); });
+  auto* cmd = app.add_subcommand("bench-serving",
+                                 "Serving benchmark: the engine in process (continuous batching versus static "
+                                 "batches), or a running OpenAI-compatible server over HTTP (--url)");
+  auto f = std::make_shared<BenchServingFlags>();
+  cmd->add_option("--requests", f->requests, "number of requests (default 64; with --url 48 per concurrency)");
+  cmd->add_option("--concurrency", f->concurrency,
+                  "requests at once, the naive batch size (default 32); with --url a list like 1,4,16 (default 16), "
+                  "or with --request-rate the most in flight");
+  cmd->add_option("--output-len", f->output_len, "MIN:MAX output tokens (default 16:128); with --url N (default 64)");
+  cmd->add_option("-s,--seed", f->in_process.seed, "workload seed (prompts, arrivals)");
+  add_in_process_flags(cmd, f->in_process);
+  add_http_flags(cmd, *f);
+  cmd->callback([cmd, f] { run_selected_mode(*cmd, *f); });
 }
 
 }  // namespace serval::cli
