@@ -5,11 +5,15 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "io/ggml_types.h"
 
 namespace serval {
+namespace cpu {
+struct PackedWeights;
+}
 
 // A weight matrix of `rows` x `cols` in any supported type; each row is `cols` contiguous elements.
 struct WeightMatrix {
@@ -18,6 +22,8 @@ struct WeightMatrix {
   int64_t cols = 0;
   const uint8_t* data = nullptr;
   size_t row_stride = 0;  // bytes between rows
+  // The same matrix repacked for the CPU GEMM (cpu::prepare_weights), when its type has a layout.
+  std::shared_ptr<const cpu::PackedWeights> packed;
   bool empty() const { return data == nullptr; }
 };
 
@@ -68,8 +74,20 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
 }  // namespace ref
 
 namespace cpu {
-// Same contract as ref::matmul; SIMD and threaded.
+// Repacks `w` for the GEMM kernels when its type has a packed layout (once, at load); a no-op
+// otherwise. Results of matmul are the same function of the inputs either way, to float rounding.
+void prepare_weights(WeightMatrix& w);
+// Same contract as ref::matmul; SIMD and threaded. Packed matrices run the register-tiled GEMM of
+// the active ISA level (isa.h); other types dot rows with vec_dot_rows or float dots.
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
+// One product of matmul_many: y = W x.
+struct MatmulOut {
+  const WeightMatrix* w = nullptr;
+  float* y = nullptr;
+};
+// Several matrices applied to the same activations (Q/K/V, gate/up): each as matmul, with the
+// activations quantized once per format and every product's tasks in one parallel job.
+void matmul_many(std::span<const MatmulOut> outs, const float* x, int64_t n_tok);
 // Same contract as ref::attention.
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out);
 // Every query of a batch, each as ref::attention over its KvSpan, on the compute pool. A query's

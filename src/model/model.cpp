@@ -1,10 +1,12 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <climits>
 #include <cstring>
 
 #include "base/error.h"
+#include "base/thread_pool.h"
 #include "tensor/dequant.h"
 
 namespace serval {
@@ -56,8 +58,14 @@ namespace {
 
 // out[t] = rms_norm(in[t]) * w for each of n_tok rows of width n.
 void rms_norm_rows(const float* in, const std::vector<float>& w, float* out, int64_t n_tok, int64_t n, float eps) {
-#pragma omp parallel for schedule(static) if (n_tok > 1)
-  for (int64_t t = 0; t < n_tok; ++t) rms_norm(in + t * n, w.data(), out + t * n, n, eps);
+  parallel_for(n_tok, [&](int64_t t) { rms_norm(in + t * n, w.data(), out + t * n, n, eps); });
+}
+
+// x[i] += y[i] over n_tok rows of width n.
+void add_rows(float* x, const float* y, int64_t n_tok, int64_t n) {
+  parallel_for(n_tok, [&](int64_t t) {
+    for (int64_t i = t * n; i < (t + 1) * n; ++i) x[i] += y[i];
+  });
 }
 
 void add_bias(float* y, const std::vector<float>& b, int64_t n_tok) {
@@ -69,52 +77,64 @@ void add_bias(float* y, const std::vector<float>& b, int64_t n_tok) {
 
 }  // namespace
 
-void Model::apply_rope(float* vec, int64_t n_heads, int32_t pos, bool swa_layer) const {
+Model::RopeTable Model::rope_table(const Batch& batch, bool swa_layer) const {
+  const auto& c = config_;
+  const int64_t d = c.d_head, half = d / 2, n_tok = int64_t(batch.size());
+  const double base = swa_layer ? c.rope_base_swa : c.rope_base;
+  RopeTable r{std::vector<float>(n_tok * half), std::vector<float>(n_tok * half)};
+  parallel_for(n_tok, [&](int64_t t) {
+    const double p = double(batch.positions[t]) / (swa_layer ? 1.0 : c.rope_linear_scale);
+    for (int64_t i = 0; i < half; ++i) {
+      double theta = p * std::pow(base, -2.0 * double(i) / double(d));
+      if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+      r.cs[t * half + i] = float(std::cos(theta));
+      r.sn[t * half + i] = float(std::sin(theta));
+    }
+  });
+  return r;
+}
+
+void Model::apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const {
   const auto& c = config_;
   const int64_t d = c.d_head, half = d / 2;
-  const double base = swa_layer ? c.rope_base_swa : c.rope_base;
-  const double p = double(pos) / (swa_layer ? 1.0 : c.rope_linear_scale);
-  for (int64_t i = 0; i < half; ++i) {
-    double theta = p * std::pow(base, -2.0 * double(i) / double(d));
-    if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
-    const float cs = float(std::cos(theta)), sn = float(std::sin(theta));
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* x = vec + h * d;
-      const int64_t a = c.rope_style == RopeStyle::Neox ? i : 2 * i;
-      const int64_t b = c.rope_style == RopeStyle::Neox ? i + half : 2 * i + 1;
+  const bool neox = c.rope_style == RopeStyle::Neox;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* x = vec + h * d;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
       const float x0 = x[a], x1 = x[b];
-      x[a] = x0 * cs - x1 * sn;
-      x[b] = x0 * sn + x1 * cs;
+      x[a] = x0 * cs[i] - x1 * sn[i];
+      x[b] = x0 * sn[i] + x1 * cs[i];
     }
   }
 }
 
-void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::vector<float>& x) const {
+void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv,
+                            std::vector<float>& x) const {
   const auto& c = config_;
   const auto& L = weights_.layers[il];
-  const int64_t n_tok = static_cast<int64_t>(batch.size());
+  const int64_t n_tok = static_cast<int64_t>(batch.size()), half = c.d_head / 2;
   const bool swa = c.layer_is_swa[il];
   const int group = c.kv_group(il);
   std::vector<float> h(n_tok * c.n_embd), q(n_tok * c.q_dim()), k(n_tok * c.kv_dim()), v(n_tok * c.kv_dim());
   rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
-  cpu::matmul(L.wq, h.data(), q.data(), n_tok);
-  cpu::matmul(L.wk, h.data(), k.data(), n_tok);
-  cpu::matmul(L.wv, h.data(), v.data(), n_tok);
+  const cpu::MatmulOut qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
+  cpu::matmul_many(qkv, h.data(), n_tok);
   add_bias(q.data(), L.bq, n_tok);
   add_bias(k.data(), L.bk, n_tok);
   add_bias(v.data(), L.bv, n_tok);
-#pragma omp parallel for schedule(static) if (n_tok > 1)
-  for (int64_t t = 0; t < n_tok; ++t) {
+  const RopeTable& rope = ropes[swa ? 1 : 0];
+  parallel_for(n_tok, [&](int64_t t) {
     float* qt = q.data() + t * c.q_dim();
     float* kt = k.data() + t * c.kv_dim();
     if (c.qk_norm) {
       for (int64_t hd = 0; hd < c.n_head; ++hd) rms_norm(qt + hd * c.d_head, L.q_norm.data(), qt + hd * c.d_head, c.d_head, c.norm_eps);
       for (int64_t hd = 0; hd < c.n_head_kv; ++hd) rms_norm(kt + hd * c.d_head, L.k_norm.data(), kt + hd * c.d_head, c.d_head, c.norm_eps);
     }
-    apply_rope(qt, c.n_head, batch.positions[t], swa);
-    apply_rope(kt, c.n_head_kv, batch.positions[t], swa);
+    apply_rope(qt, c.n_head, rope.cs.data() + t * half, rope.sn.data() + t * half);
+    apply_rope(kt, c.n_head_kv, rope.cs.data() + t * half, rope.sn.data() + t * half);
     kv.write(il, batch.slots[group][t], kt, v.data() + t * c.kv_dim());
-  }
+  });
   std::vector<float> attn(n_tok * c.q_dim());
   std::vector<AttentionQuery> queries(n_tok);
   for (int64_t t = 0; t < n_tok; ++t) {
@@ -127,7 +147,7 @@ void Model::attention_block(int64_t il, const Batch& batch, KvCache& kv, std::ve
   std::vector<float> o(n_tok * c.n_embd);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
-  for (int64_t i = 0; i < n_tok * c.n_embd; ++i) x[i] += o[i];
+  add_rows(x.data(), o.data(), n_tok, c.n_embd);
 }
 
 void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
@@ -135,14 +155,15 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
   const auto& L = weights_.layers[il];
   std::vector<float> h(n_tok * c.n_embd), gate(n_tok * c.n_ff), up(n_tok * c.n_ff), down(n_tok * c.n_embd);
   rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
-  cpu::matmul(L.w_gate, h.data(), gate.data(), n_tok);
-  cpu::matmul(L.w_up, h.data(), up.data(), n_tok);
+  const cpu::MatmulOut gate_up[] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
+  cpu::matmul_many(gate_up, h.data(), n_tok);
   const bool gelu = c.ffn_act == FfnActivation::GeluTanh;
-#pragma omp parallel for schedule(static) if (n_tok * c.n_ff > 65536)
-  for (int64_t i = 0; i < n_tok * c.n_ff; ++i) gate[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+  parallel_for(n_tok, [&](int64_t t) {
+    for (int64_t i = t * c.n_ff; i < (t + 1) * c.n_ff; ++i) gate[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+  });
   cpu::matmul(L.w_down, gate.data(), down.data(), n_tok);
   if (c.post_norms) rms_norm_rows(down.data(), L.post_ffn_norm, down.data(), n_tok, c.n_embd, c.norm_eps);
-  for (int64_t i = 0; i < n_tok * c.n_embd; ++i) x[i] += down[i];
+  add_rows(x.data(), down.data(), n_tok, c.n_embd);
 }
 
 void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
@@ -186,8 +207,11 @@ void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits)
     if (c.embd_scale != 1.0f)
       for (int64_t i = 0; i < c.n_embd; ++i) x[t * c.n_embd + i] *= c.embd_scale;
   }
+  RopeTable ropes[2];
+  ropes[0] = rope_table(batch, false);
+  if (std::find(c.layer_is_swa.begin(), c.layer_is_swa.end(), true) != c.layer_is_swa.end()) ropes[1] = rope_table(batch, true);
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    attention_block(il, batch, kv, x);
+    attention_block(il, batch, ropes, kv, x);
     ffn_block(il, n_tok, x);
   }
   std::vector<float> out_rows;

@@ -96,9 +96,15 @@ class Model {
 
  private:
   void validate_batch(const Batch& batch, const KvCache& kv) const;
-  void attention_block(int64_t il, const Batch& batch, KvCache& kv, std::vector<float>& x) const;
+  // cos and sin of every rotary angle of every token of a batch ([token][d_head / 2]), for the global
+  // layers (index 0) or the sliding-window ones (1): computed once per forward, not once per layer.
+  struct RopeTable {
+    std::vector<float> cs, sn;
+  };
+  RopeTable rope_table(const Batch& batch, bool swa_layer) const;
+  void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
+  void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x) const;
   void ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const;
-  void apply_rope(float* vec, int64_t n_heads, int32_t pos, bool swa_layer) const;
 };
 
 }  // namespace serval

@@ -82,8 +82,10 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
     L.w_gate = b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd);
     L.w_up = b.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd);
     L.w_down = b.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
+    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) cpu::prepare_weights(*m);
     w.layers.push_back(std::move(L));
   }
+  cpu::prepare_weights(w.output);  // the embedding itself stays as in the file (rows read by get_row)
   return w;
 }
 

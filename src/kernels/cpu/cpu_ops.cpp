@@ -1,12 +1,15 @@
-// Fast CPU ops: row-blocked dequantization, SIMD dot products (vectorized by the compiler for the
-// build machine's ISA), OpenMP threads over output rows.
-#include <omp.h>
-
+// Fast CPU ops: the packed GEMM for quantized types, row-blocked dequantization and dot products for
+// the others, on the compute pool.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "base/error.h"
+#include "base/thread_pool.h"
 #include "kernels/act_quant.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/vec_dot_isa.h"
+#include "kernels/isa.h"
 #include "kernels/ops.h"
 #include "tensor/dequant.h"
 
@@ -41,13 +44,12 @@ struct PreparedActivations {
     const bool floats = type == ActType::F32 || type == ActType::F16 || type == ActType::BF16;
     if (floats) rounded.assign(x, x + n_tok * cols);  // F16 / BF16: rounded in place below
     else quantized.resize(n_tok * row_bytes);
-    std::vector<uint8_t> tmp(floats ? row_bytes : 0);
-#pragma omp parallel for schedule(static) if (n_tok > 1) firstprivate(tmp)
-    for (int64_t t = 0; t < n_tok; ++t) {
-      if (!floats) { quantize_act_row(type, x + t * cols, cols, quantized.data() + t * row_bytes); continue; }
+    parallel_for(n_tok, [&](int64_t t) {
+      if (!floats) return quantize_act_row(type, x + t * cols, cols, quantized.data() + t * row_bytes);
+      std::vector<uint8_t> tmp(row_bytes);
       quantize_act_row(type, x + t * cols, cols, tmp.data());
       dequantize_row(type == ActType::F16 ? DType::F16 : DType::BF16, tmp.data(), rounded.data() + t * cols, cols);
-    }
+    });
   }
 };
 
@@ -56,37 +58,30 @@ void matmul_float(const WeightMatrix& w, const float* x, float* y, int64_t n_tok
   constexpr int64_t kRowsPerTile = 4;
   const int64_t n_tiles = (w.rows + kRowsPerTile - 1) / kRowsPerTile;
   const bool direct = w.type == DType::F32;
-#pragma omp parallel
-  {
-    std::vector<float> buf(direct ? 0 : kRowsPerTile * w.cols);
-#pragma omp for schedule(static)
-    for (int64_t tile = 0; tile < n_tiles; ++tile) {
-      const int64_t r0 = tile * kRowsPerTile, r1 = std::min(w.rows, r0 + kRowsPerTile);
-      const float* rows[kRowsPerTile];
-      for (int64_t r = r0; r < r1; ++r) {
-        if (direct) {
-          rows[r - r0] = reinterpret_cast<const float*>(w.data + r * w.row_stride);
-        } else {
-          dequantize_row(w.type, w.data + r * w.row_stride, buf.data() + (r - r0) * w.cols, w.cols);
-          rows[r - r0] = buf.data() + (r - r0) * w.cols;
-        }
+  parallel_for(n_tiles, [&](int64_t tile) {
+    thread_local std::vector<float> buf;
+    if (!direct) buf.resize(kRowsPerTile * w.cols);
+    const int64_t r0 = tile * kRowsPerTile, r1 = std::min(w.rows, r0 + kRowsPerTile);
+    const float* rows[kRowsPerTile];
+    for (int64_t r = r0; r < r1; ++r) {
+      if (direct) {
+        rows[r - r0] = reinterpret_cast<const float*>(w.data + r * w.row_stride);
+      } else {
+        dequantize_row(w.type, w.data + r * w.row_stride, buf.data() + (r - r0) * w.cols, w.cols);
+        rows[r - r0] = buf.data() + (r - r0) * w.cols;
       }
-      for (int64_t t = 0; t < n_tok; ++t)
-        for (int64_t r = r0; r < r1; ++r) y[t * w.rows + r] = dot(rows[r - r0], x + t * w.cols, w.cols);
     }
-  }
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t r = r0; r < r1; ++r) y[t * w.rows + r] = dot(rows[r - r0], x + t * w.cols, w.cols);
+  });
 }
 
-void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
-  if (act_type_for(w.type) == ActType::F32) return matmul_float(w, x, y, n_tok);  // no copy needed
-  const PreparedActivations act(w.type, x, w.cols, n_tok);
-  if (act.quantized.empty()) return matmul_float(w, act.rounded.data(), y, n_tok);
+// Quantized types without a packed layout: each weight block unpacked once per group of tokens.
+void matmul_rows(const WeightMatrix& w, const PreparedActivations& act, float* y, int64_t n_tok) {
   constexpr int64_t kRowsPerTile = 8;
   const int64_t n_tiles = (w.rows + kRowsPerTile - 1) / kRowsPerTile;
-#pragma omp parallel for schedule(static)
-  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+  parallel_for(n_tiles, [&](int64_t tile) {
     const int64_t r0 = tile * kRowsPerTile, r1 = std::min(w.rows, r0 + kRowsPerTile);
-    // Tokens in groups: each weight block is unpacked once per group.
     for (int64_t t0 = 0; t0 < n_tok; t0 += kMaxDotRows) {
       const int n = int(std::min<int64_t>(kMaxDotRows, n_tok - t0));
       const uint8_t* acts[kMaxDotRows];
@@ -97,6 +92,102 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
         for (int k = 0; k < n; ++k) y[(t0 + k) * w.rows + r] = out[k];
       }
     }
+  });
+}
+
+void vec_dot_rows(DType t, const uint8_t* w, const uint8_t* const* acts, int n_rows, int64_t n, float* out) {
+#if defined(SERVAL_X86_KERNELS)
+  if (active_isa() >= Isa::Avx512 && vec_dot_rows_avx512(t, w, acts, n_rows, n, out)) return;
+#endif
+  for (int r = 0; r < n_rows; ++r) out[r] = ref::vec_dot(t, w, acts[r], n);
+}
+
+float vec_dot(DType t, const uint8_t* w, const uint8_t* act, int64_t n) {
+  float out;
+  vec_dot_rows(t, w, &act, 1, n, &out);
+  return out;
+}
+
+PackedGemmFn packed_gemm_for(Isa isa) {
+#if defined(SERVAL_X86_KERNELS)
+  switch (isa) {
+    case Isa::Amx:
+    case Isa::Avx512: return packed_gemm_avx512;
+    case Isa::Avx2: return packed_gemm_avx2;
+    case Isa::Scalar: return packed_gemm_scalar;
+  }
+#endif
+  return packed_gemm_scalar;
+}
+
+// Tasks of (row groups x tokens): token chunks small enough that their activations stay in L2, and
+// enough tasks per thread that a thread slowed by another process hands its share to the others.
+struct PackedTasks {
+  static constexpr int64_t kTokChunk = 64;
+  int64_t n_tok, n_tchunks, per_task, n_gchunks;
+  PackedTasks(const PackedWeights& p, int64_t n_tok, int64_t share)
+      : n_tok(n_tok), n_tchunks((n_tok + kTokChunk - 1) / kTokChunk) {
+    per_task = std::max<int64_t>(1, p.n_groups * n_tchunks / share);
+    n_gchunks = (p.n_groups + per_task - 1) / per_task;
+  }
+  int64_t count() const { return n_gchunks * n_tchunks; }
+  void run(PackedGemmFn gemm, const PackedWeights& p, const PackedActs& acts, float* y, int64_t task) const {
+    const int64_t gc = task % n_gchunks, tc = task / n_gchunks;
+    const int64_t g0 = gc * per_task, g1 = std::min(p.n_groups, g0 + per_task);
+    const int64_t t0 = tc * kTokChunk, t1 = std::min(n_tok, t0 + kTokChunk);
+    gemm(p, acts, g0, g1, t0, t1, y);
+  }
+};
+
+// Products of packed matrices whose activations have one format, quantized once, in one job.
+void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) {
+  thread_local PackedActs buffers;  // the calling thread's, reused across calls
+  PackedActs& acts = buffers;       // (a lambda names a thread_local of the thread it runs on)
+  const PackedWeights& first = *outs[0].w->packed;
+  quantize_packed_acts(first.source, x, first.cols, n_tok, acts);
+  const PackedGemmFn gemm = packed_gemm_for(active_isa());
+  int64_t total_groups = 0;
+  for (const auto& o : outs) total_groups += o.w->packed->n_groups;
+  std::vector<PackedTasks> tasks;
+  std::vector<int64_t> start{0};
+  for (const auto& o : outs) {
+    const int64_t share = std::max<int64_t>(1, pool_threads() * 8 * o.w->packed->n_groups / total_groups);
+    tasks.emplace_back(*o.w->packed, n_tok, share);
+    start.push_back(start.back() + tasks.back().count());
+  }
+  parallel_for(start.back(), [&](int64_t task) {
+    const size_t m = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin()) - 1;
+    tasks[m].run(gemm, *outs[m].w->packed, acts, outs[m].y, task - start[m]);
+  });
+}
+
+void prepare_weights(WeightMatrix& w) {
+  if (!w.empty() && !w.packed && packable(w.type)) w.packed = pack_weights(w);
+}
+
+void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  if (w.packed) {
+    const MatmulOut out{&w, y};
+    return matmul_packed(std::span(&out, 1), x, n_tok);
+  }
+  if (act_type_for(w.type) == ActType::F32) return matmul_float(w, x, y, n_tok);  // no copy needed
+  const PreparedActivations act(w.type, x, w.cols, n_tok);
+  if (act.quantized.empty()) return matmul_float(w, act.rounded.data(), y, n_tok);
+  matmul_rows(w, act, y, n_tok);
+}
+
+void matmul_many(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) {
+  // Runs of packed matrices with one activation format share a quantization and a job.
+  for (size_t i = 0; i < outs.size();) {
+    size_t j = i + 1;
+    const WeightMatrix& w = *outs[i].w;
+    if (w.packed)
+      while (j < outs.size() && outs[j].w->packed && outs[j].w->cols == w.cols &&
+             act_type_for(outs[j].w->type) == act_type_for(w.type))
+        ++j;
+    if (w.packed) matmul_packed(outs.subspan(i, j - i), x, n_tok);
+    else matmul(w, x, outs[i].y, n_tok);
+    i = j;
   }
 }
 

@@ -1,3 +1,4 @@
+// Row dot products for types the packed GEMM does not cover, and for tests of the GGUF-layout kernels.
 // Quantized dot products with AVX-512 VNNI (256-bit lanes): unsigned weight values times signed
 // activation bytes with VPDPBUSD, integer sums per block, scales applied in float lanes. Types
 // without a SIMD version here use the scalar reference.
@@ -10,6 +11,7 @@
 #include <cstring>
 
 #include "kernels/act_quant.h"
+#include "kernels/cpu/vec_dot_isa.h"
 #include "tensor/dequant.h"
 
 namespace serval::cpu {
@@ -194,25 +196,18 @@ bool dot_rows(DType t, const uint8_t* w, const uint8_t* const* acts, int64_t n, 
 
 }  // namespace
 
-void vec_dot_rows(DType t, const uint8_t* w, const uint8_t* const* acts, int n_rows, int64_t n, float* out) {
+bool vec_dot_rows_avx512(DType t, const uint8_t* w, const uint8_t* const* acts, int n_rows, int64_t n, float* out) {
 #ifdef SERVAL_HAVE_VNNI
-  bool done = false;
   switch (n_rows) {
-    case 1: done = dot_rows<1>(t, w, acts, n, out); break;
-    case 2: done = dot_rows<2>(t, w, acts, n, out); break;
-    case 3: done = dot_rows<3>(t, w, acts, n, out); break;
-    case 4: done = dot_rows<4>(t, w, acts, n, out); break;
-    default: break;
+    case 1: return dot_rows<1>(t, w, acts, n, out);
+    case 2: return dot_rows<2>(t, w, acts, n, out);
+    case 3: return dot_rows<3>(t, w, acts, n, out);
+    case 4: return dot_rows<4>(t, w, acts, n, out);
+    default: return false;
   }
-  if (done) return;
+#else
+  return false;
 #endif
-  for (int r = 0; r < n_rows; ++r) out[r] = ref::vec_dot(t, w, acts[r], n);
-}
-
-float vec_dot(DType t, const uint8_t* w, const uint8_t* act, int64_t n) {
-  float out;
-  vec_dot_rows(t, w, &act, 1, n, &out);
-  return out;
 }
 
 }  // namespace serval::cpu

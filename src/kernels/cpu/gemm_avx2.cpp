@@ -1,0 +1,114 @@
+// The packed GEMM with AVX2 (no VNNI): each group's 16 rows as two vectors of 8, 4-byte products
+// summed with VPMADDUBSW + VPMADDWD. Values of up to 6 bits cannot saturate the 16-bit pair sums;
+// 8-bit values (offset 128, Q8_0) are multiplied as signed values with the sign moved onto the
+// activation, which gives the same integer S - 128 * sum(x). Compiled with this level's flags only.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/packed.h"
+
+namespace serval::cpu {
+namespace {
+
+constexpr int kMaxTile = 4;
+
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 8 rows' sums of 4 products: unsigned weights (<= 6 bits, or signed when kSigned) times activations.
+template <bool kSigned>
+inline __m256i dot4(__m256i w, __m256i x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (kSigned) {
+    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));  // u - 128 as int8
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q)), ones);
+  }
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+}
+
+template <bool kNib>
+inline void load_half(const uint8_t* blk, int h, __m256i* v) {
+  if constexpr (kNib) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * h));
+      v[j] = _mm256_and_si256(raw, low4);
+      v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) v[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * h));
+  }
+}
+
+template <int NT, bool kNib, bool kSplit, bool kMins, bool kSigned>
+void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const int64_t nb = w.n_blocks;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i v[8];
+    load_half<kNib>(w.block(g, b), h, v);
+    const size_t i = w.index(g, b) + 8 * h;
+    const __m256 sc = _mm256_loadu_ps(w.scale.data() + i);
+    __m256 nm = _mm256_setzero_ps();
+    __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
+    if constexpr (kMins) nm = _mm256_loadu_ps(w.neg_min.data() + i);
+    if constexpr (kSplit) {
+      slo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub.data() + 2 * w.index(g, b) + 8 * h));
+      shi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub.data() + 2 * w.index(g, b) + kPackRows + 8 * h));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
+      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
+      __m256i lo = dot4<kSigned>(v[0], bcast4(xq)), hi = dot4<kSigned>(v[4], bcast4(xq + 16));
+      for (int k = 1; k < 4; ++k) {
+        lo = _mm256_add_epi32(lo, dot4<kSigned>(v[k], bcast4(xq + 4 * k)));
+        hi = _mm256_add_epi32(hi, dot4<kSigned>(v[k + 4], bcast4(xq + 16 + 4 * k)));
+      }
+      if constexpr (!kSigned) {  // signed products already are S - 128 * sum(x)
+        lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(w.offset * xs[0]));
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(w.offset * xs[1]));
+      }
+      const __m256i isum = kSplit ? _mm256_add_epi32(_mm256_mullo_epi32(slo, lo), _mm256_mullo_epi32(shi, hi))
+                                  : _mm256_add_epi32(lo, hi);
+      const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(isum), acc[t]);
+      if constexpr (kMins) acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(nm, xd), _mm256_set1_ps(float(xs[0] + xs[1])), acc[t]);
+    }
+  }
+  const int64_t r0 = g * kPackRows + 8 * h;
+  for (int t = 0; t < NT; ++t) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[t]);
+    for (int r = 0; r < 8 && r0 + r < w.rows; ++r) y[(t0 + t) * w.rows + r0 + r] = out[r];
+  }
+}
+
+template <bool kNib, bool kSplit, bool kMins, bool kSigned>
+void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
+  using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int, int64_t, float*);
+  static constexpr TileFn kTiles[kMaxTile + 1] = {
+      nullptr, tile_half<1, kNib, kSplit, kMins, kSigned>, tile_half<2, kNib, kSplit, kMins, kSigned>,
+      tile_half<3, kNib, kSplit, kMins, kSigned>, tile_half<4, kNib, kSplit, kMins, kSigned>};
+  for (int64_t g = g0; g < g1; ++g)
+    for (int h = 0; h < 2; ++h) {
+      if (g * kPackRows + 8 * h >= w.rows) break;
+      for (int64_t t = t0; t < t1; t += kMaxTile) kTiles[t1 - t < kMaxTile ? t1 - t : kMaxTile](w, x, g, h, t, y);
+    }
+}
+
+}  // namespace
+
+void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                      float* y) {
+  if (w.nibbles) return w.mins ? run<true, false, true, false>(w, x, g0, g1, t0, t1, y) : run<true, false, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.split) return run<false, true, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.offset == 128) return run<false, false, false, true>(w, x, g0, g1, t0, t1, y);
+  return w.mins ? run<false, false, true, false>(w, x, g0, g1, t0, t1, y) : run<false, false, false, false>(w, x, g0, g1, t0, t1, y);
+}
+
+}  // namespace serval::cpu

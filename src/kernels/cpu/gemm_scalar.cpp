@@ -1,0 +1,44 @@
+// The packed GEMM in portable C++: the arithmetic of packed.h one element at a time. It is the
+// Isa::Scalar level, and the SIMD levels must agree with it bitwise.
+#include <cmath>
+
+#include "kernels/cpu/packed.h"
+
+namespace serval::cpu {
+namespace {
+
+int value_at(const PackedWeights& w, const uint8_t* blk, int r, int k) {
+  const int k4 = k / 4, i = k % 4;
+  if (!w.nibbles) return blk[k4 * 64 + 4 * r + i];
+  const uint8_t byte = blk[(k4 % 4) * 64 + 4 * r + i];
+  return k4 < 4 ? byte & 0x0F : byte >> 4;
+}
+
+float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int64_t t) {
+  const int8_t* xq = x.row(t);
+  const float* xd = x.d.data() + t * x.n_blocks;
+  const int32_t* xs = x.sums.data() + t * x.n_blocks * 2;
+  float acc = 0.0f;
+  for (int64_t b = 0; b < w.n_blocks; ++b) {
+    const uint8_t* blk = w.block(g, b);
+    int32_t s[2] = {0, 0};
+    for (int k = 0; k < kPackBlock; ++k) s[k / 16] += value_at(w, blk, r, k) * xq[b * kPackBlock + k];
+    const int32_t lo = s[0] - w.offset * xs[2 * b], hi = s[1] - w.offset * xs[2 * b + 1];
+    const size_t i = w.index(g, b);
+    const int32_t isum = w.split ? w.sub[2 * i + r] * lo + w.sub[2 * i + kPackRows + r] * hi : lo + hi;
+    acc = std::fma(w.scale[i + r] * xd[b], float(isum), acc);
+    if (w.mins) acc = std::fma(w.neg_min[i + r] * xd[b], float(xs[2 * b] + xs[2 * b + 1]), acc);
+  }
+  return acc;
+}
+
+}  // namespace
+
+void packed_gemm_scalar(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                        float* y) {
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t t = t0; t < t1; ++t)
+      for (int r = 0; r < kPackRows && g * kPackRows + r < w.rows; ++r) y[t * w.rows + g * kPackRows + r] = dot_row(w, x, g, r, t);
+}
+
+}  // namespace serval::cpu

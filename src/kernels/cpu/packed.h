@@ -1,0 +1,90 @@
+// Weights repacked once at load for the quantized GEMM, and activations quantized once per call.
+//
+// Rows are interleaved in groups of kPackRows = 16 and K is cut into blocks of 32. For one group and
+// one block, the 16 x 32 integer weights are stored as 8 vectors of 64 bytes; vector k4 holds, for
+// each row r, its 4 values 4*k4 .. 4*k4+3 at bytes 4r .. 4r+3: one VPDPBUSD with a broadcast of 4
+// activation bytes adds 4 products to each of the 16 rows' sums. 4-bit types keep two values per
+// byte (256 bytes per group and block: vector j carries k4 = j in its low nibbles, k4 = j + 4 in its
+// high nibbles). Every value is unsigned (u); the type's meaning is restored by an offset or a min.
+//
+// Per (row, token, block) the integer sum S = sum(u * x) is exact, and the float arithmetic is fixed:
+//   plain:  isum = S - offset * sum(x)
+//   split:  isum = sub_lo * (S_lo - offset * sum_lo(x)) + sub_hi * (S_hi - offset * sum_hi(x))
+//           (16-value sub-blocks with integer scales: Q6_K)
+//   acc = fma(scale * xd, float(isum), acc)           then, with mins:
+//   acc = fma(neg_min * xd, float(sum(x)), acc)
+// in block order, acc starting at 0. Every ISA level and the scalar code do exactly these operations,
+// so they agree bitwise, and a token's result never depends on the other tokens of the call.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "io/ggml_types.h"
+
+namespace serval {
+struct WeightMatrix;
+
+namespace cpu {
+
+constexpr int kPackRows = 16;
+constexpr int kPackBlock = 32;
+
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+
+struct PackedWeights {
+  DType source = DType::F32;  // the GGUF type the values came from
+  bool nibbles = false;       // two 4-bit values per byte; otherwise one byte per value
+  bool split = false;         // integer scales per 16-value half (sub_lo / sub_hi)
+  bool mins = false;          // a float min per (row, block)
+  int offset = 0;             // subtracted from every value (in integers)
+  int64_t rows = 0, cols = 0, n_groups = 0, n_blocks = 0;
+  std::unique_ptr<uint8_t[], AlignedFree> q;  // [group][block][block_bytes()], 64-byte aligned
+  std::vector<float> scale;                   // [group][block][16]
+  std::vector<float> neg_min;                 // [group][block][16] when mins
+  std::vector<int32_t> sub;                   // [group][block][2][16] when split: lo then hi
+
+  size_t block_bytes() const { return nibbles ? 256 : 512; }
+  const uint8_t* block(int64_t g, int64_t b) const { return q.get() + (g * n_blocks + b) * block_bytes(); }
+  size_t index(int64_t g, int64_t b) const { return size_t(g * n_blocks + b) * kPackRows; }
+  size_t bytes() const;
+};
+
+// Whether `type` has a packed layout (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
+bool packable(DType type);
+// Repacks a matrix of a packable type; rows need not be a multiple of 16 (the last group is padded
+// with zero scales). Runs on the compute pool.
+std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w);
+
+// Activations of n_tok rows, quantized as the weight type is multiplied with (act_quant.h: Q8_0 for
+// the 32-blocks types, Q8_K for k-quants), in the layout the packed kernels read.
+struct PackedActs {
+  int64_t n_tok = 0, cols = 0, n_blocks = 0;
+  std::vector<int8_t> qs;      // [n_tok][cols]
+  std::vector<float> d;        // [n_tok][n_blocks]
+  std::vector<int32_t> sums;   // [n_tok][n_blocks][2]: sums of the two 16-value halves of each block
+
+  const int8_t* row(int64_t t) const { return qs.data() + t * cols; }
+};
+// Quantizes at the active ISA level; every level gives the bytes of quantize_act_row (act_quant.h).
+void quantize_packed_acts(DType weight_type, const float* x, int64_t cols, int64_t n_tok, PackedActs& out);
+// One row at the AVX-512 level: Q8_0 (`k_quant` false) or Q8_K scales; qs [cols], d [cols / 32],
+// sums [cols / 16].
+void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums);
+
+// y[t * w.rows + r] for groups [g0, g1) and tokens [t0, t1): one function per ISA level, all with the
+// arithmetic above. A level's function may only be called when the CPU runs that level.
+using PackedGemmFn = void (*)(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0,
+                              int64_t t1, float* y);
+void packed_gemm_scalar(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                        float* y);
+void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                      float* y);
+void packed_gemm_avx512(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                        float* y);
+
+}  // namespace cpu
+}  // namespace serval

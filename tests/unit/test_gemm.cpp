@@ -1,0 +1,164 @@
+// The packed GEMM at every ISA level this machine runs: against the scalar reference (ref::matmul, the
+// GGUF-layout oracle) within a rounding bound derived from the sizes, bitwise against the portable
+// level (all levels do the same float operations on exact integer sums), and batch invariance.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "base/error.h"
+
+#include "base/cpu.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/isa.h"
+#include "kernels/ops.h"
+#include "random_blocks.h"
+
+namespace serval {
+namespace {
+
+const std::vector<DType> kPackedTypes = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const std::vector<cpu::Isa> kLevels = {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512};
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Restores the detected level when a test ends.
+struct IsaGuard {
+  ~IsaGuard() { cpu::force_isa(cpu::detected_isa()); }
+};
+
+// A matrix whose rows start one byte past an aligned address (as tensors in a mapped file may).
+struct TestMatrix {
+  std::vector<uint8_t> storage;
+  WeightMatrix w;
+  TestMatrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+    const auto bytes = test::random_rows(t, rows, cols, seed);
+    storage.assign(bytes.size() + 1, 0);
+    std::memcpy(storage.data() + 1, bytes.data(), bytes.size());
+    w = WeightMatrix{t, rows, cols, storage.data() + 1, row_bytes(t, cols)};
+    cpu::prepare_weights(w);
+  }
+};
+
+// |error| of a sum of n_blocks float terms, each a product of rounded factors: a few ulps of the sum
+// of magnitudes per term (the dequantized |w| . |x| bounds every partial sum).
+float error_bound(const WeightMatrix& w, int64_t r, const float* x) {
+  std::vector<float> row(w.cols);
+  get_row(w, r, row.data());
+  double mag = 0;
+  for (int64_t k = 0; k < w.cols; ++k) mag += std::abs(double(row[k]) * x[k]);
+  const double n_terms = double(w.cols / 32) * 2 + 8;
+  return float(n_terms * 4 * FLT_EPSILON * (mag + 1e-3) + 1e-6);
+}
+
+struct Shape {
+  int64_t rows, blocks, n_tok;
+};
+const std::vector<Shape> kShapes = {{1, 1, 1}, {15, 1, 3}, {16, 2, 8}, {17, 3, 9}, {37, 2, 17}, {100, 1, 70}};
+
+class PackedGemm : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PackedGemm, EveryLevelMatchesReferenceAndScalarBitwise) {
+  const DType t = GetParam();
+  IsaGuard guard;
+  ASSERT_TRUE(cpu::packable(t));
+  for (const Shape& s : kShapes) {
+    const int64_t cols = s.blocks * int64_t(dtype_info(t).block_elems);
+    TestMatrix m(t, s.rows, cols, uint32_t(s.rows * 7 + cols));
+    ASSERT_TRUE(m.w.packed) << "a packable type must be packed";
+    const auto xs = random_floats(s.n_tok * cols + 1, 5);
+    const float* x = xs.data() + 1;  // misaligned activations
+    std::vector<float> want(s.n_tok * s.rows), scalar(want.size());
+    ref::matmul(WeightMatrix{t, s.rows, cols, m.w.data, m.w.row_stride}, x, want.data(), s.n_tok);
+    for (cpu::Isa level : kLevels) {
+      if (int(level) > int(cpu::detected_isa())) {
+        std::cout << "[ NOT RUN  ] " << cpu::isa_name(level) << ": this CPU does not run it\n";  // never silent
+        continue;
+      }
+      cpu::force_isa(level);
+      std::vector<float> got(want.size());
+      cpu::matmul(m.w, x, got.data(), s.n_tok);
+      for (int64_t tok = 0; tok < s.n_tok; ++tok)
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const size_t i = tok * s.rows + r;
+          ASSERT_NEAR(got[i], want[i], error_bound(m.w, r, x + tok * cols))
+              << dtype_info(t).name << " " << cpu::isa_name(level) << " rows " << s.rows << " cols " << cols
+              << " token " << tok << " row " << r;
+        }
+      if (level == cpu::Isa::Scalar) scalar = got;
+      else ASSERT_EQ(got, scalar) << cpu::isa_name(level) << " differs from the scalar level, " << dtype_info(t).name;
+    }
+  }
+}
+
+TEST_P(PackedGemm, TokenResultsDoNotDependOnTheBatchOrThreads) {
+  const DType t = GetParam();
+  const int64_t rows = 45, cols = 2 * int64_t(dtype_info(t).block_elems), n_tok = 70;
+  TestMatrix m(t, rows, cols, 11);
+  const auto x = random_floats(n_tok * cols, 3);
+  std::vector<float> all(n_tok * rows), one(rows), single_thread(n_tok * rows);
+  cpu::matmul(m.w, x.data(), all.data(), n_tok);
+  for (int64_t tok = 0; tok < n_tok; ++tok) {
+    cpu::matmul(m.w, x.data() + tok * cols, one.data(), 1);
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(one[r], all[tok * rows + r]) << "token " << tok << " row " << r;
+  }
+  const int threads = compute_threads();
+  set_compute_threads(1);
+  cpu::matmul(m.w, x.data(), single_thread.data(), n_tok);
+  set_compute_threads(threads);
+  EXPECT_EQ(single_thread, all);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, PackedGemm, ::testing::ValuesIn(kPackedTypes),
+                         [](const auto& info) { return std::string(dtype_info(info.param).name); });
+
+// Activations are quantized with SIMD at the higher levels: the bytes must be those of the scalar
+// quantizer (act_quant.h), including ties for the largest magnitude and all-zero blocks.
+TEST(PackedGemm, ActivationQuantizationIsTheSameAtEveryLevel) {
+  IsaGuard guard;
+  const int64_t cols = 512, n_tok = 5;
+  auto x = random_floats(n_tok * cols, 9);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero super-block
+  x[600] = 3.5f, x[700] = -3.5f;                      // a tie of magnitudes: the first one sets the sign
+  for (DType t : {DType::Q8_0, DType::Q4_K}) {
+    cpu::force_isa(cpu::Isa::Scalar);
+    cpu::PackedActs want, got;
+    cpu::quantize_packed_acts(t, x.data(), cols, n_tok, want);
+    for (cpu::Isa level : kLevels) {
+      if (int(level) > int(cpu::detected_isa())) continue;
+      cpu::force_isa(level);
+      cpu::quantize_packed_acts(t, x.data(), cols, n_tok, got);
+      EXPECT_EQ(got.qs, want.qs) << cpu::isa_name(level);
+      EXPECT_EQ(got.d, want.d) << cpu::isa_name(level);
+      EXPECT_EQ(got.sums, want.sums) << cpu::isa_name(level);
+    }
+  }
+}
+
+TEST(PackedGemm, UnpackableTypesAreLeftAsTheyAre) {
+  for (DType t : {DType::F32, DType::F16, DType::Q4_1, DType::Q2_K, DType::Q3_K}) {
+    TestMatrix m(t, 3, int64_t(dtype_info(t).block_elems == 1 ? 64 : dtype_info(t).block_elems), 1);
+    EXPECT_FALSE(m.w.packed) << dtype_info(t).name;
+  }
+}
+
+TEST(Isa, LevelsParseAndCannotBeForcedAboveTheCpu) {
+  IsaGuard guard;
+  EXPECT_EQ(cpu::parse_isa("avx2"), cpu::Isa::Avx2);
+  EXPECT_THROW(cpu::parse_isa("sse9"), Error);
+  cpu::force_isa(cpu::Isa::Scalar);
+  EXPECT_EQ(cpu::active_isa(), cpu::Isa::Scalar);
+  if (cpu::detected_isa() != cpu::Isa::Amx) EXPECT_THROW(cpu::force_isa(cpu::Isa::Amx), Error);
+}
+
+}  // namespace
+}  // namespace serval
