@@ -30,7 +30,18 @@ inline __m256i dot4(__m256i w, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
 }
 
-template <bool kNib>
+// 32 bits of a bit plane as 32 bytes: 0x10 where the bit is set, 0 elsewhere.
+inline __m256i plane_bits(const uint8_t* p) {
+  int32_t m;
+  std::memcpy(&m, p, 4);
+  const __m256i byte_of_bit = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                               3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(m), byte_of_bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+template <bool kNib, bool kPlane>
 inline void load_half(const uint8_t* blk, int h, __m256i* v) {
   if constexpr (kNib) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -39,19 +50,21 @@ inline void load_half(const uint8_t* blk, int h, __m256i* v) {
       v[j] = _mm256_and_si256(raw, low4);
       v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
     }
+    if constexpr (kPlane)
+      for (int k4 = 0; k4 < 8; ++k4) v[k4] = _mm256_or_si256(v[k4], plane_bits(blk + 256 + 8 * k4 + 4 * h));
   } else {
     for (int j = 0; j < 8; ++j) v[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * h));
   }
 }
 
-template <int NT, bool kNib, bool kSplit, bool kMins, bool kSigned>
+template <int NT, bool kNib, bool kPlane, bool kSplit, bool kMins, bool kSigned>
 void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   const int64_t nb = w.n_blocks;
   for (int64_t b = 0; b < nb; ++b) {
     __m256i v[8];
-    load_half<kNib>(w.block(g, b), h, v);
+    load_half<kNib, kPlane>(w.block(g, b), h, v);
     const size_t i = w.index(g, b) + 8 * h;
     const __m256 sc = _mm256_loadu_ps(w.scale.data() + i);
     __m256 nm = _mm256_setzero_ps();
@@ -88,12 +101,13 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
   }
 }
 
-template <bool kNib, bool kSplit, bool kMins, bool kSigned>
+template <bool kNib, bool kPlane, bool kSplit, bool kMins, bool kSigned>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int, int64_t, float*);
-  static constexpr TileFn kTiles[kMaxTile + 1] = {
-      nullptr, tile_half<1, kNib, kSplit, kMins, kSigned>, tile_half<2, kNib, kSplit, kMins, kSigned>,
-      tile_half<3, kNib, kSplit, kMins, kSigned>, tile_half<4, kNib, kSplit, kMins, kSigned>};
+  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSplit, kMins, kSigned>,
+                                                  tile_half<2, kNib, kPlane, kSplit, kMins, kSigned>,
+                                                  tile_half<3, kNib, kPlane, kSplit, kMins, kSigned>,
+                                                  tile_half<4, kNib, kPlane, kSplit, kMins, kSigned>};
   for (int64_t g = g0; g < g1; ++g)
     for (int h = 0; h < 2; ++h) {
       if (g * kPackRows + 8 * h >= w.rows) break;
@@ -105,10 +119,10 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
 
 void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                       float* y) {
-  if (w.nibbles) return w.mins ? run<true, false, true, false>(w, x, g0, g1, t0, t1, y) : run<true, false, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.split) return run<false, true, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.offset == 128) return run<false, false, false, true>(w, x, g0, g1, t0, t1, y);
-  return w.mins ? run<false, false, true, false>(w, x, g0, g1, t0, t1, y) : run<false, false, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.nibbles && w.plane) return w.mins ? run<true, true, false, true, false>(w, x, g0, g1, t0, t1, y) : run<true, true, false, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.nibbles) return w.mins ? run<true, false, false, true, false>(w, x, g0, g1, t0, t1, y) : run<true, false, false, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.split) return run<false, false, true, false, false>(w, x, g0, g1, t0, t1, y);
+  return run<false, false, false, false, true>(w, x, g0, g1, t0, t1, y);  // Q8_0: 8-bit values, offset 128
 }
 
 }  // namespace serval::cpu

@@ -18,7 +18,7 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <bool kNib>
+template <bool kNib, bool kPlane>
 inline void load_block(const uint8_t* blk, __m512i* v) {
   if constexpr (kNib) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -27,19 +27,27 @@ inline void load_block(const uint8_t* blk, __m512i* v) {
       v[j] = _mm512_and_si512(raw, low4);
       v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     }
+    if constexpr (kPlane) {
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
+      for (int k4 = 0; k4 < 8; ++k4) {
+        __mmask64 m;
+        std::memcpy(&m, blk + 256 + 8 * k4, 8);
+        v[k4] = _mm512_mask_add_epi8(v[k4], m, v[k4], bit4);  // values <= 15: adding 16 sets the fifth bit
+      }
+    }
   } else {
     for (int j = 0; j < 8; ++j) v[j] = _mm512_load_si512(blk + 64 * j);
   }
 }
 
-template <int NT, bool kNib, bool kSplit, bool kMins>
+template <int NT, bool kNib, bool kPlane, bool kSplit, bool kMins>
 void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, float* y) {
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const int64_t nb = w.n_blocks;
   for (int64_t b = 0; b < nb; ++b) {
     __m512i v[8];
-    load_block<kNib>(w.block(g, b), v);
+    load_block<kNib, kPlane>(w.block(g, b), v);
     const size_t i = w.index(g, b);
     const __m512 sc = _mm512_loadu_ps(w.scale.data() + i);
     __m512 nm = _mm512_setzero_ps();
@@ -73,13 +81,19 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
 }
 
-template <bool kNib, bool kSplit, bool kMins>
+template <bool kNib, bool kPlane, bool kSplit, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
   static constexpr TileFn kTiles[kMaxTile + 1] = {
-      nullptr, tile<1, kNib, kSplit, kMins>, tile<2, kNib, kSplit, kMins>, tile<3, kNib, kSplit, kMins>,
-      tile<4, kNib, kSplit, kMins>, tile<5, kNib, kSplit, kMins>, tile<6, kNib, kSplit, kMins>,
-      tile<7, kNib, kSplit, kMins>, tile<8, kNib, kSplit, kMins>};
+      nullptr,
+      tile<1, kNib, kPlane, kSplit, kMins>,
+      tile<2, kNib, kPlane, kSplit, kMins>,
+      tile<3, kNib, kPlane, kSplit, kMins>,
+      tile<4, kNib, kPlane, kSplit, kMins>,
+      tile<5, kNib, kPlane, kSplit, kMins>,
+      tile<6, kNib, kPlane, kSplit, kMins>,
+      tile<7, kNib, kPlane, kSplit, kMins>,
+      tile<8, kNib, kPlane, kSplit, kMins>};
   for (int64_t g = g0; g < g1; ++g)
     for (int64_t t = t0; t < t1; t += kMaxTile) kTiles[t1 - t < kMaxTile ? t1 - t : kMaxTile](w, x, g, t, y);
 }
@@ -140,9 +154,12 @@ void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t*
 
 void packed_gemm_avx512(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                         float* y) {
-  if (w.nibbles) return w.mins ? run<true, false, true>(w, x, g0, g1, t0, t1, y) : run<true, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.split) return run<false, true, false>(w, x, g0, g1, t0, t1, y);
-  return w.mins ? run<false, false, true>(w, x, g0, g1, t0, t1, y) : run<false, false, false>(w, x, g0, g1, t0, t1, y);
+  // The layouts of the packable types: Q4_0, Q5_0, Q4_K, Q5_K (nibbles, with a plane for 5 bits),
+  // Q8_0 (bytes), Q6_K (bytes, split scales).
+  if (w.nibbles && w.plane) return w.mins ? run<true, true, false, true>(w, x, g0, g1, t0, t1, y) : run<true, true, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.nibbles) return w.mins ? run<true, false, false, true>(w, x, g0, g1, t0, t1, y) : run<true, false, false, false>(w, x, g0, g1, t0, t1, y);
+  if (w.split) return run<false, false, true, false>(w, x, g0, g1, t0, t1, y);
+  return run<false, false, false, false>(w, x, g0, g1, t0, t1, y);
 }
 
 }  // namespace serval::cpu

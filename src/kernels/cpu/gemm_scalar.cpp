@@ -11,7 +11,10 @@ int value_at(const PackedWeights& w, const uint8_t* blk, int r, int k) {
   const int k4 = k / 4, i = k % 4;
   if (!w.nibbles) return blk[k4 * 64 + 4 * r + i];
   const uint8_t byte = blk[(k4 % 4) * 64 + 4 * r + i];
-  return k4 < 4 ? byte & 0x0F : byte >> 4;
+  const int low = k4 < 4 ? byte & 0x0F : byte >> 4;
+  if (!w.plane) return low;
+  const int j = 4 * r + i;  // byte j of vector k4
+  return low | (((blk[256 + 8 * k4 + j / 8] >> (j % 8)) & 1) << 4);
 }
 
 float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int64_t t) {

@@ -93,19 +93,19 @@ void unpack_q6_k(const uint8_t* b, uint8_t* u, BlockMeta* m) {
 
 struct TypeLayout {
   DType type;
-  bool nibbles, split, mins;
+  bool nibbles, plane, split, mins;
   int offset;
   int blocks_per_unit;  // blocks of 32 per GGUF block
   void (*unpack)(const uint8_t*, uint8_t*, BlockMeta*);
 };
 
 constexpr TypeLayout kLayouts[] = {
-    {DType::Q4_0, true, false, false, 8, 1, unpack_q4_0},
-    {DType::Q5_0, false, false, false, 16, 1, unpack_q5_0},
-    {DType::Q8_0, false, false, false, 128, 1, unpack_q8_0},
-    {DType::Q4_K, true, false, true, 0, 8, unpack_q45_k<false>},
-    {DType::Q5_K, false, false, true, 0, 8, unpack_q45_k<true>},
-    {DType::Q6_K, false, true, false, 32, 8, unpack_q6_k},
+    {DType::Q4_0, true, false, false, false, 8, 1, unpack_q4_0},
+    {DType::Q5_0, true, true, false, false, 16, 1, unpack_q5_0},
+    {DType::Q8_0, false, false, false, false, 128, 1, unpack_q8_0},
+    {DType::Q4_K, true, false, false, true, 0, 8, unpack_q45_k<false>},
+    {DType::Q5_K, true, true, false, true, 0, 8, unpack_q45_k<true>},
+    {DType::Q6_K, false, false, true, false, 32, 8, unpack_q6_k},
 };
 
 const TypeLayout* layout_of(DType t) {
@@ -123,10 +123,12 @@ void place_row(PackedWeights& p, int64_t g, int r, const uint8_t* u) {
       const int k4 = k / 4, i = k % 4;
       if (!p.nibbles) {
         dst[k4 * 64 + 4 * r + i] = v[k];
-      } else {
-        uint8_t& byte = dst[(k4 % 4) * 64 + 4 * r + i];
-        byte = uint8_t(k4 < 4 ? (byte & 0xF0) | v[k] : (byte & 0x0F) | (v[k] << 4));
+        continue;
       }
+      uint8_t& byte = dst[(k4 % 4) * 64 + 4 * r + i];
+      const uint8_t low = v[k] & 0x0F;
+      byte = uint8_t(k4 < 4 ? (byte & 0xF0) | low : (byte & 0x0F) | (low << 4));
+      if (p.plane && (v[k] & 0x10)) dst[256 + 8 * k4 + (4 * r + i) / 8] |= uint8_t(1u << ((4 * r + i) % 8));
     }
   }
 }
@@ -167,7 +169,7 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w) {
   check(w.cols % (kPackBlock * l->blocks_per_unit) == 0, "packed weights need whole blocks");
   auto p = std::make_shared<PackedWeights>();
   p->source = w.type;
-  p->nibbles = l->nibbles, p->split = l->split, p->mins = l->mins, p->offset = l->offset;
+  p->nibbles = l->nibbles, p->plane = l->plane, p->split = l->split, p->mins = l->mins, p->offset = l->offset;
   p->rows = w.rows, p->cols = w.cols;
   p->n_groups = (w.rows + kPackRows - 1) / kPackRows, p->n_blocks = w.cols / kPackBlock;
   const size_t q_bytes = size_t(p->n_groups * p->n_blocks) * p->block_bytes();

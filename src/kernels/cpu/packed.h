@@ -5,7 +5,9 @@
 // each row r, its 4 values 4*k4 .. 4*k4+3 at bytes 4r .. 4r+3: one VPDPBUSD with a broadcast of 4
 // activation bytes adds 4 products to each of the 16 rows' sums. 4-bit types keep two values per
 // byte (256 bytes per group and block: vector j carries k4 = j in its low nibbles, k4 = j + 4 in its
-// high nibbles). Every value is unsigned (u); the type's meaning is restored by an offset or a min.
+// high nibbles). 5-bit types add a bit plane after the nibbles: 8 64-bit masks, bit j of mask k4 being
+// the fifth bit of byte j of vector k4 (320 bytes per group and block). Every value is unsigned (u);
+// the type's meaning is restored by an offset or a min.
 //
 // Per (row, token, block) the integer sum S = sum(u * x) is exact, and the float arithmetic is fixed:
 //   plain:  isum = S - offset * sum(x)
@@ -38,6 +40,7 @@ struct AlignedFree {
 struct PackedWeights {
   DType source = DType::F32;  // the GGUF type the values came from
   bool nibbles = false;       // two 4-bit values per byte; otherwise one byte per value
+  bool plane = false;         // with nibbles: a fifth bit per value in a bit plane
   bool split = false;         // integer scales per 16-value half (sub_lo / sub_hi)
   bool mins = false;          // a float min per (row, block)
   int offset = 0;             // subtracted from every value (in integers)
@@ -47,7 +50,7 @@ struct PackedWeights {
   std::vector<float> neg_min;                 // [group][block][16] when mins
   std::vector<int32_t> sub;                   // [group][block][2][16] when split: lo then hi
 
-  size_t block_bytes() const { return nibbles ? 256 : 512; }
+  size_t block_bytes() const { return nibbles ? (plane ? 320 : 256) : 512; }
   const uint8_t* block(int64_t g, int64_t b) const { return q.get() + (g * n_blocks + b) * block_bytes(); }
   size_t index(int64_t g, int64_t b) const { return size_t(g * n_blocks + b) * kPackRows; }
   size_t bytes() const;
