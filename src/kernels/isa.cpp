@@ -28,10 +28,7 @@ Isa detect() {
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx512vnni");
   if (!avx512) return Isa::Avx2;
-  // No kernel uses AMX tiles yet: the level is only reported once one does (then the tile state is
-  // requested from the kernel here).
-  constexpr bool kAmxKernels = false;
-  const bool amx = kAmxKernels && __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-tile") && request_amx();
+  const bool amx = __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-tile") && request_amx();
   return amx ? Isa::Amx : Isa::Avx512;
 }
 #else

@@ -111,7 +111,7 @@ float vec_dot(DType t, const uint8_t* w, const uint8_t* act, int64_t n) {
 PackedGemmFn packed_gemm_for(Isa isa) {
 #if defined(SERVAL_X86_KERNELS)
   switch (isa) {
-    case Isa::Amx:
+    case Isa::Amx: return packed_gemm_amx;
     case Isa::Avx512: return packed_gemm_avx512;
     case Isa::Avx2: return packed_gemm_avx2;
     case Isa::Scalar: return packed_gemm_scalar;

@@ -1,5 +1,6 @@
 #include "kernels/cpu/packed.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -188,7 +189,9 @@ void quantize_packed_acts(DType weight_type, const float* x, int64_t cols, int64
   const ActType at = act_type_for(weight_type);
   check(at == ActType::Q8_0 || at == ActType::Q8_K, "packed activations are Q8_0 or Q8_K");
   out.n_tok = n_tok, out.cols = cols, out.n_blocks = cols / kPackBlock;
-  out.qs.resize(n_tok * cols);
+  const int64_t padded = (n_tok + 15) / 16 * 16;
+  out.qs.resize(padded * cols);
+  std::fill(out.qs.begin() + n_tok * cols, out.qs.end(), int8_t(0));
   out.d.resize(n_tok * out.n_blocks);
   out.sums.resize(n_tok * out.n_blocks * 2);
   const size_t row_bytes = act_row_bytes(at, cols);

@@ -66,7 +66,7 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w);
 // the 32-blocks types, Q8_K for k-quants), in the layout the packed kernels read.
 struct PackedActs {
   int64_t n_tok = 0, cols = 0, n_blocks = 0;
-  std::vector<int8_t> qs;      // [n_tok][cols]
+  std::vector<int8_t> qs;      // [n_tok rounded up to 16][cols]: rows past n_tok are zero (AMX tiles)
   std::vector<float> d;        // [n_tok][n_blocks]
   std::vector<int32_t> sums;   // [n_tok][n_blocks][2]: sums of the two 16-value halves of each block
 
@@ -88,6 +88,8 @@ void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, i
                       float* y);
 void packed_gemm_avx512(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                         float* y);
+void packed_gemm_amx(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                     float* y);
 
 }  // namespace cpu
 }  // namespace serval
