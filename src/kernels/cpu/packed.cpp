@@ -120,16 +120,17 @@ void place_row(PackedWeights& p, int64_t g, int r, const uint8_t* u) {
   for (int64_t b = 0; b < p.n_blocks; ++b) {
     uint8_t* dst = p.q.get() + (g * p.n_blocks + b) * p.block_bytes();
     const uint8_t* v = u + b * kPackBlock;
-    for (int k = 0; k < kPackBlock; ++k) {
-      const int k4 = k / 4, i = k % 4;
-      if (!p.nibbles) {
-        dst[k4 * 64 + 4 * r + i] = v[k];
-        continue;
-      }
-      uint8_t& byte = dst[(k4 % 4) * 64 + 4 * r + i];
-      const uint8_t low = v[k] & 0x0F;
-      byte = uint8_t(k4 < 4 ? (byte & 0xF0) | low : (byte & 0x0F) | (low << 4));
-      if (p.plane && (v[k] & 0x10)) dst[256 + 8 * k4 + (4 * r + i) / 8] |= uint8_t(1u << ((4 * r + i) % 8));
+    if (!p.nibbles) {
+      for (int k4 = 0; k4 < 8; ++k4) std::memcpy(dst + k4 * 64 + 4 * r, v + 4 * k4, 4);
+      continue;
+    }
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) dst[j * 64 + 4 * r + i] = uint8_t((v[4 * j + i] & 0x0F) | ((v[4 * (j + 4) + i] & 0x0F) << 4));
+    if (!p.plane) continue;
+    for (int k4 = 0; k4 < 8; ++k4) {  // row r's 4 bytes of vector k4 are bits 4r .. 4r+3 of its mask
+      int bits = 0;
+      for (int i = 0; i < 4; ++i) bits |= ((v[4 * k4 + i] >> 4) & 1) << i;
+      dst[256 + 8 * k4 + r / 2] |= uint8_t(bits << (4 * (r % 2)));
     }
   }
 }
