@@ -78,8 +78,25 @@ Summary run_continuous(const Model& m, const std::vector<NaiveRequest>& work, co
   return s;
 }
 
+// The static batch the KV budget allows: each request reserves its batch's longest prompt plus the
+// longest output contiguously, as a contiguous-KV server must (the worst case over the workload).
+int naive_batch_size(const Model& m, const std::vector<NaiveRequest>& work, const ServingOptions& o) {
+  size_t longest = 0;
+  int max_out = 0;
+  for (const auto& r : work) longest = std::max(longest, r.prompt.size()), max_out = std::max(max_out, r.params.max_tokens);
+  const EngineConfig cfg = o.engine.config();
+  const uint64_t per_request = uint64_t(m.config().kv_bytes_per_token(cfg.kv_type == DType::F32 ? 4 : 2)) *
+                               (longest + uint64_t(max_out));
+  const uint64_t fits = per_request > 0 ? cfg.kv_cache_bytes / per_request : uint64_t(o.concurrency);
+  check(fits > 0, "the KV budget does not hold one request of {} tokens", longest + max_out);
+  return int(std::min<uint64_t>(fits, uint64_t(o.concurrency)));
+}
+
 Summary run_naive(const Model& m, const std::vector<NaiveRequest>& work, const ServingOptions& o) {
-  NaiveEngine naive(m, o.concurrency);
+  const int batch = naive_batch_size(m, work, o);
+  fmt::print(stderr, "naive: static batches of {} (concurrency {}, KV budget {})\n", batch, o.concurrency,
+             o.engine.kv_memory);
+  NaiveEngine naive(m, batch);
   const NaiveResult r = naive.run(work);
   Summary s;
   s.seconds = r.seconds;
