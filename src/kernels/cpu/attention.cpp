@@ -1,60 +1,303 @@
-// Attention over the paged KV cache.
+// Attention over the paged KV cache: flash-style (tiled over keys, online softmax), reading K and V
+// in place in the cache, with the query heads of a KV group and the consecutive queries of a
+// sequence sharing every key read. The kernel is attention_tile_impl.h (one per ISA level); this
+// file forms the query tiles, splits the work over the compute pool and holds the portable level.
+// Design, semantics and figures: docs/attention.md.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <vector>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/attention_tile.h"
+#include "kernels/isa.h"
 #include "kernels/ops.h"
 #include "tensor/dequant.h"
 
+// The portable kernel. This file is compiled with the baseline flags (and -ffp-contract=off, so the
+// compiler never fuses a multiply and an add the SIMD levels do separately).
+#include "kernels/cpu/attention_tile_impl.h"
+
 namespace serval {
 namespace cpu {
+namespace attn {
+namespace {
 
-// Per KV head: each key and value row is loaded (converted from F16) once and used by every query
-// head of its group. Per (head, key) the arithmetic is the same as one head at a time.
-void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
-  const int group = s.n_head / s.n_head_kv;
-  const bool half = kv.type == DType::F16;
-  const size_t n_keys = slots.size();
-  std::vector<float> p(group * n_keys), qg(group * s.d_head), row(s.d_head);
-  for (int g = 0; g < s.n_head_kv; ++g) {
-    for (int i = 0; i < group * s.d_head; ++i) {
-      const float x = q[g * group * s.d_head + i];
-      qg[i] = half ? fp16_to_f32(f32_to_fp16(x)) : x;
-    }
-    for (size_t j = 0; j < n_keys; ++j) {
-      kv.load(kv.k, slots[j], g * s.d_head, s.d_head, row.data());
-      for (int h = 0; h < group; ++h) p[h * n_keys + j] = dot(qg.data() + h * s.d_head, row.data(), s.d_head) * s.scale;
-    }
-    std::vector<float> inv(group);
-    for (int h = 0; h < group; ++h) {
-      float* ph = p.data() + h * n_keys;
-      const float mx = *std::max_element(ph, ph + n_keys);
-      double sum = 0;
-      for (size_t j = 0; j < n_keys; ++j) sum += (ph[j] = std::exp(ph[j] - mx));
-      inv[h] = float(1.0 / sum);
-      std::fill(out + (g * group + h) * s.d_head, out + (g * group + h + 1) * s.d_head, 0.0f);
-    }
-    for (size_t j = 0; j < n_keys; ++j) {
-      kv.load(kv.v, slots[j], g * s.d_head, s.d_head, row.data());
-      for (int h = 0; h < group; ++h) {
-        const float w = p[h * n_keys + j] * inv[h];
-        const float pj = half ? fp16_to_f32(f32_to_fp16(w)) : w;
-        float* o = out + (g * group + h) * s.d_head;
-#pragma omp simd
-        for (int d = 0; d < s.d_head; ++d) o[d] += pj * row[d];
-      }
-    }
+// Lane by lane, the same IEEE operations as the SIMD policies (max/min with the x86 semantics,
+// fused multiply-adds through std::fma, F16 rounding to nearest even).
+struct VScalar {
+  static constexpr int W = kLanesScalar;
+  static constexpr int kRowVectors = 1;
+  struct T {
+    float v[W];
+  };
+  struct M {
+    bool b[W];
+  };
+  static T zero() { return set1(0.0f); }
+  static T set1(float x) {
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = x;
+    return r;
   }
+  static T load(const float* p) {
+    T r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static void store(float* p, T x) { std::memcpy(p, x.v, sizeof x.v); }
+  template <class F>
+  static T map(T a, T b, F f) {
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = f(a.v[i], b.v[i]);
+    return r;
+  }
+  static T add(T a, T b) { return map(a, b, [](float x, float y) { return x + y; }); }
+  static T sub(T a, T b) { return map(a, b, [](float x, float y) { return x - y; }); }
+  static T mul(T a, T b) { return map(a, b, [](float x, float y) { return x * y; }); }
+  static T div(T a, T b) { return map(a, b, [](float x, float y) { return x / y; }); }
+  static T max(T a, T b) { return map(a, b, [](float x, float y) { return x > y ? x : y; }); }
+  static T min(T a, T b) { return map(a, b, [](float x, float y) { return x < y ? x : y; }); }
+  static T fma(T a, T b, T c) {
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+    return r;
+  }
+  static M le(T a, T b) {
+    M m;
+    for (int i = 0; i < W; ++i) m.b[i] = a.v[i] <= b.v[i];
+    return m;
+  }
+  static M lt(T a, T b) {
+    M m;
+    for (int i = 0; i < W; ++i) m.b[i] = a.v[i] < b.v[i];
+    return m;
+  }
+  static M mand(M a, M b) {
+    M m;
+    for (int i = 0; i < W; ++i) m.b[i] = a.b[i] && b.b[i];
+    return m;
+  }
+  static T select(M m, T t, T f) {
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = m.b[i] ? t.v[i] : f.v[i];
+    return r;
+  }
+  static T mask_fma(M m, T a, T b, T c) {
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = m.b[i] ? std::fma(a.v[i], b.v[i], c.v[i]) : c.v[i];
+    return r;
+  }
+  static T pow2i(T n) {  // n integral in [-127, 127]
+    T r;
+    for (int i = 0; i < W; ++i) {
+      const uint32_t bits = uint32_t(int32_t(n.v[i]) + 127) << 23;
+      std::memcpy(&r.v[i], &bits, 4);
+    }
+    return r;
+  }
+  static T f16_round(T x) {
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = fp16_to_f32(f32_to_fp16(x.v[i]));
+    return r;
+  }
+  static void prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }
+  static void cvt_f16_row(const uint16_t* src, float* dst, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = fp16_to_f32(src[i]);
+  }
+};
+
+}  // namespace
+
+void tile_scalar(const TileArgs& a) { run_tile<VScalar>(a); }
+
+namespace {
+
+struct Kernel {
+  void (*fn)(const TileArgs&);
+  int lanes;
+};
+
+// The kernel of the active level. Amx has no attention kernel of its own (its tiles multiply BF16
+// or INT8, which would change the F16/F32 arithmetic): it runs the AVX-512 one.
+Kernel active_kernel() {
+  switch (active_isa()) {
+    case Isa::Scalar: return {tile_scalar, kLanesScalar};
+    case Isa::Avx2: return {tile_avx2, kLanesAvx2};
+    case Isa::Avx512:
+    case Isa::Amx: return {tile_avx512, kLanesAvx512};
+  }
+  return {tile_scalar, kLanesScalar};
 }
 
+// Per pool thread: scratch of the kernel (slot 0) and room for scores (slot 1), 64-byte aligned.
+float* thread_buffer(int slot, int64_t n) {
+  thread_local std::unique_ptr<float[]> buf[2];
+  thread_local int64_t cap[2] = {0, 0};
+  if (cap[slot] < n) {
+    cap[slot] = n;
+    buf[slot].reset(new float[size_t(n + 16)]);
+  }
+  const auto p = reinterpret_cast<uintptr_t>(buf[slot].get());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
+}
+
+// Floats of scores kept between the passes, per task and in all for a split call: beyond this pass
+// 2 computes them again (the same values; only the cost differs).
+std::atomic<int64_t> g_task_scores{int64_t(1) << 20}, g_call_scores{int64_t(1) << 22};
+
+// A query tile: queries [begin, begin + n) of the call.
+struct Tile {
+  int64_t begin = 0;
+  int n = 0;
+  int64_t lo = 0, hi = 0;  // positions attended by any of them: [first of the first, last of the last]
+};
+
+// Whether query b may join the tile whose last query is a: same sequence (the same block table),
+// the next position, and a window that does not leave a gap in the tile's keys.
+bool same_run(const AttentionQuery& a, const AttentionQuery& b) {
+  return a.keys.blocks.data() == b.keys.blocks.data() && a.keys.blocks.size() == b.keys.blocks.size() &&
+         a.keys.block_size == b.keys.block_size && b.keys.last == a.keys.last + 1 && b.keys.first >= a.keys.first &&
+         b.keys.first <= a.keys.last + 1;
+}
+
+}  // namespace
+
+void set_score_room(int64_t per_task, int64_t per_call) {
+  g_task_scores.store(per_task, std::memory_order_relaxed);
+  g_call_scores.store(per_call, std::memory_order_relaxed);
+}
+int64_t score_room_per_task() { return g_task_scores.load(std::memory_order_relaxed); }
+int64_t score_room_per_call() { return g_call_scores.load(std::memory_order_relaxed); }
+
+}  // namespace attn
+
 void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv) {
-  parallel_for(int64_t(queries.size()), [&](int64_t i) {
-    const AttentionQuery& a = queries[i];
-    std::vector<int32_t> slots(a.keys.size());
-    for (int64_t p = a.keys.first; p <= a.keys.last; ++p) slots[p - a.keys.first] = a.keys.slot(p);
-    attention(s, a.q, kv, slots, a.out);
-  });
+  using namespace attn;
+  if (queries.empty()) return;
+  check(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.d_head > 0, "attention: bad head shape");
+  check(kv.type == DType::F16 || kv.type == DType::F32, "attention: the KV cache must be F16 or F32");
+  const int group = s.n_head / s.n_head_kv;
+  const int max_q = std::clamp(kMaxTileRows / group, 1, kMaxTileQueries);
+
+  // Query tiles: runs of consecutive positions of one sequence. Empty spans give zeros.
+  std::vector<Tile> tiles;
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const AttentionQuery& q = queries[i];
+    if (q.keys.size() <= 0) {
+      std::fill(q.out, q.out + int64_t(s.n_head) * s.d_head, 0.0f);
+      continue;
+    }
+    check(q.keys.first >= 0 && q.keys.last < (int64_t(1) << 24), "attention: positions beyond 2^24");
+    if (!tiles.empty()) {
+      Tile& t = tiles.back();
+      if (t.begin + t.n == int64_t(i) && t.n < max_q && same_run(queries[i - 1], q)) {
+        ++t.n;
+        t.hi = q.keys.last;
+        continue;
+      }
+    }
+    tiles.push_back({int64_t(i), 1, q.keys.first, q.keys.last});
+  }
+  if (tiles.empty()) return;
+
+  const Kernel kernel = active_kernel();
+  const int64_t n_units = int64_t(tiles.size()) * s.n_head_kv;
+  // A unit's chunks are those holding any of its positions.
+  auto c_first = [&](const Tile& t) { return t.lo / kChunk; };
+  auto c_last = [&](const Tile& t) { return t.hi / kChunk; };
+
+  // Flat per-query arrays the kernel reads.
+  std::vector<const float*> qp(queries.size());
+  std::vector<float*> op(queries.size());
+  std::vector<int64_t> first(queries.size()), last(queries.size());
+  for (size_t i = 0; i < queries.size(); ++i) {
+    qp[i] = queries[i].q, op[i] = queries[i].out;
+    first[i] = queries[i].keys.first, last[i] = queries[i].keys.last;
+  }
+  auto args = [&](const Tile& t, int kv_head) {
+    const AttentionQuery& q0 = queries[t.begin];
+    TileArgs a;
+    a.n_q = t.n, a.group = group, a.d_head = s.d_head, a.scale = s.scale, a.half = kv.type == DType::F16;
+    a.kv_head = kv_head;
+    a.q = qp.data() + t.begin, a.out = op.data() + t.begin;
+    a.first = first.data() + t.begin, a.last = last.data() + t.begin;
+    a.blocks = q0.keys.blocks.data(), a.block_size = q0.keys.block_size;
+    a.k = kv.k, a.v = kv.v, a.kv_dim = kv.kv_dim;
+    a.scratch = thread_buffer(0, scratch_floats(t.n * group, s.d_head, kernel.lanes));
+    return a;
+  };
+
+  // Few units (decode of a few sequences at long context): each pass is split by chunk
+  // (flash-decoding): a task per (unit, chunk) for pass 1, the same for pass 2 (each task merging
+  // the unit's chunk statistics itself), then a task per unit adding up its chunks. Otherwise a task
+  // per unit. Both run the same chunks and the same merges in the same order: the results are the
+  // same bits.
+  auto n_chunks = [&](const Tile& t) { return c_last(t) - c_first(t) + 1; };
+  auto state_of = [&](const Tile& t) { return state_floats(t.n * group, s.d_head, kernel.lanes); };
+  const int threads = pool_threads();
+  int64_t n_tasks = 0, n_floats = 0;
+  for (const Tile& t : tiles) {
+    n_tasks += n_chunks(t) * s.n_head_kv;
+    n_floats += n_chunks(t) * s.n_head_kv * state_of(t);
+  }
+  const bool split = threads > 1 && n_units < 4 * threads && n_tasks > n_units && n_floats <= (int64_t(1) << 24);
+
+  if (!split) {
+    // Largest first (dynamic claiming then balances the tail).
+    std::vector<int64_t> order(n_units);
+    for (int64_t u = 0; u < n_units; ++u) order[u] = u;
+    auto cost = [&](int64_t u) { const Tile& t = tiles[u / s.n_head_kv]; return t.n * (t.hi - t.lo + 1); };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return cost(x) > cost(y); });
+    parallel_for(n_units, [&](int64_t i) {
+      const int64_t u = order[i];
+      const Tile& t = tiles[u / s.n_head_kv];
+      TileArgs a = args(t, int(u % s.n_head_kv));
+      a.mode = Mode::Full, a.c_begin = c_first(t), a.c_end = c_last(t) + 1;
+      const int64_t room = n_chunks(t) * scores_floats(t.n * group, kernel.lanes);
+      if (room <= g_task_scores.load(std::memory_order_relaxed)) a.scores = thread_buffer(1, room);
+      kernel.fn(a);
+    });
+    return;
+  }
+
+  // Split: task k -> (unit, chunk); each unit's chunk states stored in chunk order.
+  std::vector<int64_t> unit_task(n_units + 1, 0), unit_float(n_units + 1, 0), unit_score(n_units + 1, 0);
+  for (int64_t u = 0; u < n_units; ++u) {
+    const Tile& t = tiles[u / s.n_head_kv];
+    unit_task[u + 1] = unit_task[u] + n_chunks(t);
+    unit_float[u + 1] = unit_float[u] + n_chunks(t) * state_of(t);
+    unit_score[u + 1] = unit_score[u] + n_chunks(t) * scores_floats(t.n * group, kernel.lanes);
+  }
+  std::vector<float> states(static_cast<size_t>(unit_float[n_units]));
+  std::vector<float> kept(static_cast<size_t>(unit_score[n_units] <= g_call_scores.load(std::memory_order_relaxed) ? unit_score[n_units] : 0));
+  std::vector<int64_t> task_unit(n_tasks);
+  for (int64_t u = 0; u < n_units; ++u)
+    for (int64_t k = unit_task[u]; k < unit_task[u + 1]; ++k) task_unit[k] = u;
+  auto unit_args = [&](int64_t u, Mode mode) {
+    const Tile& t = tiles[u / s.n_head_kv];
+    TileArgs a = args(t, int(u % s.n_head_kv));
+    a.mode = mode, a.c_begin = c_first(t), a.c_end = c_last(t) + 1;
+    a.partial = states.data() + unit_float[u];
+    if (!kept.empty()) a.scores = kept.data() + unit_score[u];
+    return a;
+  };
+  for (Mode mode : {Mode::Stats, Mode::Values})
+    parallel_for(n_tasks, [&](int64_t k) {
+      TileArgs a = unit_args(task_unit[k], mode);
+      a.chunk = a.c_begin + (k - unit_task[task_unit[k]]);
+      kernel.fn(a);
+    });
+  parallel_for(n_units, [&](int64_t u) { kernel.fn(unit_args(u, Mode::Sum)); });
+}
+
+// One query: a batch of one over `slots` as a block table of block size 1.
+void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
+  const AttentionQuery query{q, KvSpan{slots, 1, 0, int64_t(slots.size()) - 1}, out};
+  attention_batch(s, std::span<const AttentionQuery>(&query, 1), kv);
 }
 
 }  // namespace cpu

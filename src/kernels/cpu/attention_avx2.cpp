@@ -1,0 +1,61 @@
+// The attention tile kernel (attention_tile_impl.h) with AVX2 vectors: 8 rows per vector, masks as
+// all-ones lanes (blends for masked keys), F16 keys and values converted with F16C.
+// Compiled with SERVAL_AVX2_FLAGS (-mavx2 -mfma -mf16c) and -ffp-contract=off (CMakeLists.txt); only
+// called when active_isa() >= Isa::Avx2.
+#include "kernels/cpu/attention_tile.h"
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "kernels/cpu/attention_tile_impl.h"
+
+namespace serval::cpu::attn {
+namespace {
+
+struct V256 {
+  using T = __m256;
+  using M = __m256;  // all-ones lanes where true
+  static constexpr int W = kLanesAvx2;
+  static constexpr int kRowVectors = 1;  // 16 registers: one row vector x 8 accumulators
+  static T zero() { return _mm256_setzero_ps(); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm256_div_ps(a, b); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }  // a > b ? a : b
+  static T min(T a, T b) { return _mm256_min_ps(a, b); }  // a < b ? a : b
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static M le(T a, T b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+  static M lt(T a, T b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M mand(M a, M b) { return _mm256_and_ps(a, b); }
+  static T select(M m, T t, T f) { return _mm256_blendv_ps(f, t, m); }
+  static T mask_fma(M m, T a, T b, T c) { return _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), m); }
+  static T pow2i(T n) {
+    const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+  }
+  static T f16_round(T x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T2); }  // into L2
+  static void cvt_f16_row(const uint16_t* src, float* dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+  }
+};
+
+}  // namespace
+
+void tile_avx2(const TileArgs& a) { run_tile<V256>(a); }
+
+}  // namespace serval::cpu::attn
+
+#else
+#include <cstdlib>
+namespace serval::cpu::attn {
+void tile_avx2(const TileArgs&) { std::abort(); }  // not built for this target; never dispatched
+}  // namespace serval::cpu::attn
+#endif

@@ -1,0 +1,68 @@
+// The attention tile kernel (attention_tile_impl.h) with AVX-512 vectors: 16 rows per vector, masks
+// in mask registers (masked FMAs for masked keys), F16 keys and values converted with VCVTPH2PS.
+// Compiled with SERVAL_AVX512_FLAGS (AVX2, FMA, F16C, AVX-512 F/BW/VL/DQ/VNNI) and -ffp-contract=off
+// (CMakeLists.txt); only called when active_isa() >= Isa::Avx512.
+#include "kernels/cpu/attention_tile.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+// GCC 12 reports the deliberately undefined operand of its AVX-512 intrinsics (_mm512_undefined_ps)
+// as maybe uninitialized once they are inlined; nothing here is.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "kernels/cpu/attention_tile_impl.h"
+
+namespace serval::cpu::attn {
+namespace {
+
+struct V512 {
+  using T = __m512;
+  using M = __mmask16;
+  static constexpr int W = kLanesAvx512;
+  static constexpr int kRowVectors = 2;  // row vectors per micro-kernel call (2 x 8 accumulators)
+  static T zero() { return _mm512_setzero_ps(); }
+  static T set1(float x) { return _mm512_set1_ps(x); }
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm512_div_ps(a, b); }
+  static T max(T a, T b) { return _mm512_max_ps(a, b); }  // a > b ? a : b
+  static T min(T a, T b) { return _mm512_min_ps(a, b); }  // a < b ? a : b
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static M le(T a, T b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+  static M lt(T a, T b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static M mand(M a, M b) { return M(a & b); }
+  static T select(M m, T t, T f) { return _mm512_mask_blend_ps(m, f, t); }
+  static T mask_fma(M m, T a, T b, T c) { return _mm512_mask3_fmadd_ps(a, b, c, m); }
+  static T pow2i(T n) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static T f16_round(T x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T2); }  // into L2
+  static void cvt_f16_row(const uint16_t* src, float* dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+    if (i < n) {
+      const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
+    }
+  }
+};
+
+}  // namespace
+
+void tile_avx512(const TileArgs& a) { run_tile<V512>(a); }
+
+}  // namespace serval::cpu::attn
+
+#else
+#include <cstdlib>
+namespace serval::cpu::attn {
+void tile_avx512(const TileArgs&) { std::abort(); }  // not built for this target; never dispatched
+}  // namespace serval::cpu::attn
+#endif

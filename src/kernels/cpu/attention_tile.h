@@ -1,0 +1,94 @@
+// The unit of work of cpu::attention_batch (attention.cpp): one query tile (consecutive query
+// tokens of one sequence) x one KV head, over a range of the fixed KV chunks. Plain data only: this
+// header is included by the per-ISA files, which are compiled with their own instruction-set flags
+// and must not instantiate any shared inline or template code (see attention_tile_impl.h).
+// The design is described in docs/attention.md.
+#pragma once
+#include <cstdint>
+
+namespace serval::cpu::attn {
+
+// Keys are processed in tiles of kKeyTile positions and in chunks of kChunk positions, both aligned
+// to absolute positions (tile t holds positions [t*kKeyTile, (t+1)*kKeyTile)). Pass 1 computes each
+// chunk's softmax statistics (running max and sum), merged in position order; pass 2 each chunk's
+// weighted sum of values, added in position order. The boundaries never depend on the batch, so
+// neither does a query's arithmetic.
+constexpr int kKeyTile = 16;
+constexpr int64_t kChunk = 256;
+static_assert(kChunk % kKeyTile == 0);
+
+// Rows of a tile: query q's head h of the KV group is row q * group + h; rows are the SIMD lanes.
+constexpr int kMaxTileRows = 64;
+constexpr int kMaxTileQueries = 16;
+
+enum class Mode {
+  Full,    // both passes over chunks [c_begin, c_end), then the outputs
+  Stats,   // pass 1 on chunk `chunk`: its statistics into its state at `partial`
+  Values,  // pass 2 on chunk `chunk` (statistics of every chunk from `partial`): its sum into its state
+  Sum,     // the outputs: the sums of chunks [c_begin, c_end) from `partial`, in order
+};
+
+struct TileArgs {
+  // Shape.
+  int n_q = 0;     // queries in the tile (1 .. kMaxTileQueries)
+  int group = 0;   // query heads per KV head
+  int d_head = 0;
+  float scale = 1.0f;
+  bool half = false;  // F16 cache (else F32)
+  int kv_head = 0;
+  // Per query of the tile.
+  const float* const* q = nullptr;  // each: n_head * d_head floats (heads kv_head*group .. +group)
+  float* const* out = nullptr;      // each: n_head * d_head floats
+  const int64_t* first = nullptr;   // each query attends positions [first, last]
+  const int64_t* last = nullptr;
+  // The sequence's keys (shared by every query of the tile).
+  const int32_t* blocks = nullptr;
+  int32_t block_size = 1;
+  const uint8_t* k = nullptr;  // pools [n_slots, kv_dim]
+  const uint8_t* v = nullptr;
+  int64_t kv_dim = 0;
+  // Work.
+  Mode mode = Mode::Full;
+  int64_t c_begin = 0, c_end = 0;  // the chunks of the tile's keys
+  int64_t chunk = 0;               // Stats, Values: the chunk to do
+  float* partial = nullptr;        // Stats, Values, Sum: the states of chunks [c_begin, c_end), in order
+  float* scores = nullptr;         // optional: room for the scores of chunks [c_begin, c_end), in order
+                                   // (scores_floats each): pass 2 reads them instead of computing them
+  float* scratch = nullptr;        // scratch_floats(...) floats, 64-byte aligned
+};
+
+// Lanes per SIMD vector of each level's kernel (rows are padded to a multiple of it).
+constexpr int kLanesScalar = 8;
+constexpr int kLanesAvx2 = 8;
+constexpr int kLanesAvx512 = 16;
+
+// Floats of one chunk state (max, sum and value sum of every row) for lane width w.
+static inline int64_t state_floats(int rows, int d_head, int w) {
+  const int64_t nv = (rows + w - 1) / w;
+  return nv * w * (int64_t(d_head) + 2);
+}
+// Floats of the scores of one chunk (TileArgs::scores).
+static inline int64_t scores_floats(int rows, int w) { return kChunk * ((rows + w - 1) / w) * w; }
+// Floats of scratch a kernel of lane width w needs.
+static inline int64_t scratch_floats(int rows, int d_head, int w) {
+  const int64_t nv = (rows + w - 1) / w;
+  // Qt; first, last and 1/L per lane; per-vector first/last; the S/P tile; two states (chunk and
+  // running); K and V tile rows; a zero row; alignment padding between the parts.
+  return nv * w * int64_t(d_head) + 3 * nv * w + 2 * nv + int64_t(nv) * kKeyTile * w +
+         2 * state_floats(rows, d_head, w) + 2 * int64_t(kKeyTile) * d_head + d_head + 16 * 12;
+}
+
+// Room for scores kept between the two passes (floats per task, and in all for a call split by
+// chunk); where there is none, pass 2 computes the scores again. For tests: both ways give the same
+// bits.
+void set_score_room(int64_t per_task, int64_t per_call);
+int64_t score_room_per_task();
+int64_t score_room_per_call();
+
+// The kernels, one per level (attention.cpp, attention_avx2.cpp, attention_avx512.cpp). They give
+// bitwise identical results: every lane runs the same IEEE operations in the same order.
+void tile_scalar(const TileArgs& a);
+void tile_avx2(const TileArgs& a);
+void tile_avx512(const TileArgs& a);
+
+}  // namespace serval::cpu::attn

@@ -1,0 +1,494 @@
+// The attention tile kernel, written once over a SIMD policy `V` and compiled once per ISA level
+// (attention.cpp: portable; attention_avx2.cpp; attention_avx512.cpp), each with its own flags.
+//
+// Rows in lanes: the rows of a tile (query q, head h of the KV group: row q * group + h) are the
+// lanes of the vectors; keys and head dimensions are loops. Every vector operation is therefore
+// lane-wise (there is no horizontal reduction anywhere), and a row's result is the same sequence of
+// IEEE operations whatever the other lanes hold, whatever the lane width, and whichever level runs
+// it. That is what makes the op batch invariant and the levels agree bitwise.
+//
+// Per lane (row r, attending positions [first_r, last_r]), over fixed chunks of kChunk positions
+// and within them fixed tiles of kKeyTile positions (both aligned to absolute positions):
+//   s_j = (sum_d q_d * k_jd, fused multiply-adds in order d = 0, 1, ...) * scale
+//         (-inf where position j is outside [first_r, last_r])
+// Pass 1, per chunk from (m, l) = (-1e30, 0), per tile:
+//   m' = max(m, s_0, ..., s_15)      l' = l * exp(m - m') + (exp(s_0 - m') + ... + exp(s_15 - m'))
+// and the chunks' (m, l) merged in position order into (M, L).
+// Pass 2 (the scores computed again), per chunk from acc = 0, per tile:
+//   w_j = exp(s_j - M) * (1 / L), rounded to F16 with an F16 cache (the reference's and llama.cpp's
+//         rounding point: the normalised weight)
+//   acc'_d = acc_d + w_0 v_0d + ... + w_15 v_15d     (fused, keys in order)
+// and out = the chunks' acc added in position order. A key a lane does not see leaves its state
+// bitwise unchanged (exp(-inf) = 0, masked FMAs, exp(0) = 1 exactly when the max does not move),
+// and so does a tile or chunk without any of its keys, so a lane sees the same operations whether
+// its tile holds other queries or not.
+//
+// Everything here has internal linkage: this file is included by translation units compiled with
+// different instruction-set flags.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/attention_tile.h"
+
+namespace serval::cpu::attn {
+namespace {
+
+constexpr float kNegBig = -1e30f;  // the initial running max (finite: exp(kNegBig - kNegBig) = 1)
+constexpr float kInf = __builtin_inff();
+
+// exp(x) for x <= 0 (larger x are clamped at 88): Cody-Waite reduction to r in [-ln2/2, ln2/2],
+// Cephes' degree-7 polynomial, scaling by 2^n through the exponent bits. 0 for x < -87 (so
+// exp(-inf) = 0), exactly 1 for x = 0. Relative error about 2 ulp.
+template <class V>
+inline typename V::T vexp(typename V::T x) {
+  using T = typename V::T;
+  const T xc = V::max(V::min(x, V::set1(88.0f)), V::set1(-88.0f));
+  const T magic = V::set1(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to nearest
+  const T fx = V::sub(V::add(V::mul(xc, V::set1(1.44269504088896341f)), magic), magic);
+  T r = V::fma(fx, V::set1(-0.693359375f), xc);
+  r = V::fma(fx, V::set1(2.12194440e-4f), r);
+  const T z = V::mul(r, r);
+  T y = V::set1(1.9875691500e-4f);
+  y = V::fma(y, r, V::set1(1.3981999507e-3f));
+  y = V::fma(y, r, V::set1(8.3334519073e-3f));
+  y = V::fma(y, r, V::set1(4.1665795894e-2f));
+  y = V::fma(y, r, V::set1(1.6666665459e-1f));
+  y = V::fma(y, r, V::set1(5.0000001201e-1f));
+  y = V::fma(y, z, r);
+  y = V::add(y, V::set1(1.0f));
+  const T e = V::mul(y, V::pow2i(fx));
+  return V::select(V::lt(x, V::set1(-87.0f)), V::zero(), e);
+}
+
+// Scratch layout of one tile (floats; every part starts on a 16-float boundary).
+struct Layout {
+  int rows = 0, nv = 0, w = 0, d = 0;
+  int64_t qt = 0, firstv = 0, lastv = 0, inv = 0, rvfirst = 0, rvlast = 0, sp = 0, st = 0, run = 0, kt = 0, vt = 0,
+          zrow = 0;
+  int64_t state = 0;  // floats of one state
+};
+
+inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+inline Layout layout(int rows, int d, int w) {
+  Layout L;
+  L.rows = rows, L.w = w, L.d = d, L.nv = (rows + w - 1) / w;
+  const int64_t nvw = int64_t(L.nv) * w;
+  L.state = state_floats(rows, d, w);
+  int64_t o = 0;
+  L.qt = o, o += up16(nvw * d);
+  L.firstv = o, o += up16(nvw);
+  L.lastv = o, o += up16(nvw);
+  L.inv = o, o += up16(nvw);
+  L.rvfirst = o, o += up16(L.nv);
+  L.rvlast = o, o += up16(L.nv);
+  L.sp = o, o += up16(nvw * kKeyTile);
+  L.st = o, o += up16(L.state);
+  L.run = o, o += up16(L.state);
+  L.kt = o, o += up16(int64_t(kKeyTile) * d);
+  L.vt = o, o += up16(int64_t(kKeyTile) * d);
+  L.zrow = o, o += up16(d);
+  return L;
+}
+
+// A state: m at [0, nv*w), l at [nv*w, 2*nv*w), acc of vector v, dimension d at
+// 2*nv*w + (v*D + d)*w. A chunk's state holds its statistics (pass 1) and its weighted sum of
+// values (pass 2); the running state holds the merged statistics and the sum of the chunks' sums.
+inline float* acc_of(float* s, const Layout& L) { return s + 2 * int64_t(L.nv) * L.w; }
+inline const float* acc_of(const float* s, const Layout& L) { return s + 2 * int64_t(L.nv) * L.w; }
+
+template <class V>
+void stats_reset(float* s, const Layout& L) {
+  for (int v = 0; v < L.nv; ++v) {
+    V::store(s + v * V::W, V::set1(kNegBig));
+    V::store(s + (L.nv + v) * V::W, V::zero());
+  }
+}
+
+template <class V>
+void acc_reset(float* s, const Layout& L) {
+  float* acc = acc_of(s, L);
+  for (int64_t i = 0; i < int64_t(L.nv) * L.d; ++i) V::store(acc + i * V::W, V::zero());
+}
+
+// Lanes whose [first, last] meets chunk c.
+template <class V>
+typename V::M chunk_lanes(const float* sc, const Layout& L, int v, int64_t c) {
+  const typename V::T lo = V::set1(float(c * kChunk)), hi = V::set1(float(c * kChunk + kChunk - 1));
+  return V::mand(V::le(V::load(sc + L.firstv + v * V::W), hi), V::le(lo, V::load(sc + L.lastv + v * V::W)));
+}
+
+// Merges the statistics of chunk c (state `cs`) into the running state `r`: lanes without keys in
+// the chunk are kept as they are.
+template <class V>
+void stats_merge(float* r, const float* cs, const float* sc, const Layout& L, int64_t c) {
+  using T = typename V::T;
+  const int W = V::W;
+  for (int v = 0; v < L.nv; ++v) {
+    const T mc = V::load(cs + v * W), lc = V::load(cs + (L.nv + v) * W);
+    const T m = V::load(r + v * W), l = V::load(r + (L.nv + v) * W);
+    const auto has = chunk_lanes<V>(sc, L, v, c);
+    const T mn = V::max(m, mc);
+    const T a = vexp<V>(V::sub(m, mn)), b = vexp<V>(V::sub(mc, mn));
+    V::store(r + v * W, V::select(has, mn, m));
+    V::store(r + (L.nv + v) * W, V::select(has, V::fma(lc, b, V::mul(l, a)), l));
+  }
+}
+
+// Adds chunk c's weighted sum of values (state `cs`) to the running sum of `r`.
+template <class V>
+void acc_add(float* r, const float* cs, const float* sc, const Layout& L, int64_t c) {
+  for (int v = 0; v < L.nv; ++v) {
+    const auto has = chunk_lanes<V>(sc, L, v, c);
+    float* racc = acc_of(r, L) + int64_t(v) * L.d * V::W;
+    const float* cacc = acc_of(cs, L) + int64_t(v) * L.d * V::W;
+    for (int d = 0; d < L.d; ++d) {
+      const typename V::T o = V::load(racc + d * V::W);
+      V::store(racc + d * V::W, V::select(has, V::add(o, V::load(cacc + d * V::W)), o));
+    }
+  }
+}
+
+// S[r][j] = sum_d Qt[r][d] * k_j[d] for RV row vectors and the kKeyTile keys.
+template <class V, int RV>
+void qk(const float* qt, int D, const float* const* kp, float* s) {
+  using T = typename V::T;
+  const int W = V::W;
+  for (int jb = 0; jb < kKeyTile; jb += 8) {
+    T acc[RV][8];
+#pragma GCC unroll 16
+    for (int r = 0; r < RV; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) acc[r][j] = V::zero();
+    for (int d = 0; d < D; ++d) {
+      T q[RV];
+#pragma GCC unroll 16
+      for (int r = 0; r < RV; ++r) q[r] = V::load(qt + (int64_t(r) * D + d) * W);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const T k = V::set1(kp[jb + j][d]);
+#pragma GCC unroll 16
+        for (int r = 0; r < RV; ++r) acc[r][j] = V::fma(q[r], k, acc[r][j]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RV; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) V::store(s + (r * kKeyTile + jb + j) * W, acc[r][j]);
+  }
+}
+
+// acc[r][d] += sum_j w[r][j] * v_j[d] (fused, keys in order) for dimensions [d0, d0 + DB).
+template <class V, int RV, int DB, bool Masked>
+inline void pv_block(float* acc, const float* w, const float* const* vp, int D, int d0,
+                     const typename V::M (*valid)[kKeyTile]) {
+  using T = typename V::T;
+  const int W = V::W;
+  T a[RV][DB];
+#pragma GCC unroll 16
+  for (int r = 0; r < RV; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < DB; ++i) a[r][i] = V::load(acc + (int64_t(r) * D + d0 + i) * W);
+  for (int j = 0; j < kKeyTile; ++j) {
+    T wj[RV];
+#pragma GCC unroll 16
+    for (int r = 0; r < RV; ++r) wj[r] = V::load(w + (r * kKeyTile + j) * W);
+#pragma GCC unroll 8
+    for (int i = 0; i < DB; ++i) {
+      const T vv = V::set1(vp[j][d0 + i]);
+#pragma GCC unroll 16
+      for (int r = 0; r < RV; ++r) {
+        if constexpr (Masked) a[r][i] = V::mask_fma(valid[r][j], wj[r], vv, a[r][i]);
+        else a[r][i] = V::fma(wj[r], vv, a[r][i]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < RV; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < DB; ++i) V::store(acc + (int64_t(r) * D + d0 + i) * W, a[r][i]);
+}
+
+// Which of the tile's keys the lanes of row vector v see.
+template <class V>
+inline void validity(const Layout& L, const float* sc, int v, int64_t tlo, typename V::M* valid) {
+  const typename V::T fv = V::load(sc + L.firstv + v * V::W), lv = V::load(sc + L.lastv + v * V::W);
+#pragma GCC unroll 16
+  for (int j = 0; j < kKeyTile; ++j) {
+    const typename V::T pos = V::set1(float(tlo + j));
+    valid[j] = V::mand(V::le(fv, pos), V::le(pos, lv));
+  }
+}
+
+// The scaled scores of one key tile for row vector v (QK product done, in `s`): -inf for keys the
+// lane does not see when Masked (their validity in `valid`).
+template <class V, bool Masked>
+inline void scores(const Layout& L, const float* sc, float scale, int v, int64_t tlo, const float* s,
+                   typename V::T* x, typename V::M* valid) {
+  const typename V::T sv = V::set1(scale);
+#pragma GCC unroll 16
+  for (int j = 0; j < kKeyTile; ++j) x[j] = V::mul(V::load(s + j * V::W), sv);
+  if constexpr (Masked) {
+    validity<V>(L, sc, v, tlo, valid);
+#pragma GCC unroll 16
+    for (int j = 0; j < kKeyTile; ++j) x[j] = V::select(valid[j], x[j], V::set1(-kInf));
+  }
+}
+
+// Pass 1 on one key tile for RV row vectors from vector v0: the running max and sum of the chunk.
+template <class V, int RV, bool Masked>
+void tile_stats(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t tlo, const float* const* kp,
+                float* cache) {
+  using T = typename V::T;
+  const int W = V::W;
+  float* s = sc + L.sp + int64_t(v0) * kKeyTile * W;
+  qk<V, RV>(sc + L.qt + int64_t(v0) * L.d * W, L.d, kp, s);
+  float* st = sc + L.st;
+  for (int r = 0; r < RV; ++r) {
+    const int v = v0 + r;
+    T x[kKeyTile];
+    typename V::M valid[kKeyTile];
+    scores<V, Masked>(L, sc, a.scale, v, tlo, s + r * kKeyTile * W, x, valid);
+    if (cache)
+#pragma GCC unroll 16
+      for (int j = 0; j < kKeyTile; ++j) V::store(cache + (int64_t(v) * kKeyTile + j) * W, x[j]);
+    T mt = x[0];
+#pragma GCC unroll 16
+    for (int j = 1; j < kKeyTile; ++j) mt = V::max(mt, x[j]);
+    const T m = V::load(st + v * W);
+    const T mn = V::max(m, mt);
+    T psum = vexp<V>(V::sub(x[0], mn));
+#pragma GCC unroll 16
+    for (int j = 1; j < kKeyTile; ++j) psum = V::add(psum, vexp<V>(V::sub(x[j], mn)));
+    V::store(st + v * W, mn);
+    V::store(st + (L.nv + v) * W, V::fma(V::load(st + (L.nv + v) * W), vexp<V>(V::sub(m, mn)), psum));
+  }
+}
+
+// Pass 2 on one key tile for RV row vectors from vector v0: the weights exp(s - M) / L (rounded to
+// F16 with an F16 cache) times V, added to the chunk's sum. The scores are those pass 1 kept in
+// `cache`, or are computed again (the same operations, so the same values).
+template <class V, int RV, bool Masked>
+void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t tlo, const float* const* kp,
+                 const float* const* vp, const float* cache) {
+  using T = typename V::T;
+  const int W = V::W, D = L.d;
+  float* s = sc + L.sp + int64_t(v0) * kKeyTile * W;
+  if (!cache) qk<V, RV>(sc + L.qt + int64_t(v0) * D * W, D, kp, s);
+  const float* run = sc + L.run;
+  typename V::M valid[RV][kKeyTile];
+  for (int r = 0; r < RV; ++r) {
+    const int v = v0 + r;
+    T x[kKeyTile];
+    if (cache) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kKeyTile; ++j) x[j] = V::load(cache + (int64_t(v) * kKeyTile + j) * W);
+      if constexpr (Masked) validity<V>(L, sc, v, tlo, valid[r]);
+    } else {
+      scores<V, Masked>(L, sc, a.scale, v, tlo, s + r * kKeyTile * W, x, valid[r]);
+    }
+    const T m = V::load(run + v * W), inv = V::load(sc + L.inv + v * W);
+#pragma GCC unroll 16
+    for (int j = 0; j < kKeyTile; ++j) {
+      const T wj = V::mul(vexp<V>(V::sub(x[j], m)), inv);
+      V::store(s + (r * kKeyTile + j) * W, a.half ? V::f16_round(wj) : wj);
+    }
+  }
+  float* acc = acc_of(sc + L.st, L) + int64_t(v0) * D * W;
+  constexpr int DB = 8;
+  int d0 = 0;
+  for (; d0 + DB <= D; d0 += DB) pv_block<V, RV, DB, Masked>(acc, s, vp, D, d0, valid);
+  for (; d0 < D; ++d0) pv_block<V, RV, 1, Masked>(acc, s, vp, D, d0, valid);
+}
+
+// Byte offset of the K (or V) row part of kv head `a.kv_head` at position p.
+inline int64_t row_offset(const TileArgs& a, int64_t p, int64_t esize) {
+  const int64_t slot = int64_t(a.blocks[p / a.block_size]) * a.block_size + p % a.block_size;
+  return (slot * a.kv_dim + int64_t(a.kv_head) * a.d_head) * esize;
+}
+
+// Runs pass 1 (Values = false) or pass 2 over the keys of chunk c that any row of the tile sees,
+// into the chunk state (already reset).
+template <class V, bool Values>
+void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo, int64_t uhi) {
+  const int D = L.d;
+  const int64_t lo = c * kChunk > ulo ? c * kChunk : ulo;
+  const int64_t hi = c * kChunk + kChunk - 1 < uhi ? c * kChunk + kChunk - 1 : uhi;
+  const int64_t esize = a.half ? 2 : 4, row_bytes = D * esize;
+  const float* kp[kKeyTile];
+  const float* vp[kKeyTile];
+  // Pass 1 keeps the scores of the chunk's tiles here, pass 2 reads them (when there is room).
+  float* cache_c = a.scores ? a.scores + (c - a.c_begin) * scores_floats(L.rows, L.w) : nullptr;
+  const bool need_k = !(Values && cache_c);
+  for (int64_t t = lo / kKeyTile; lo <= hi && t <= hi / kKeyTile; ++t) {
+    const int64_t tlo = t * kKeyTile;
+    float* cache = cache_c ? cache_c + (t - c * (kChunk / kKeyTile)) * int64_t(L.nv) * kKeyTile * L.w : nullptr;
+    // The next tile's rows are fetched while this one is computed (blocks are scattered in the
+    // pool, beyond what the hardware prefetcher follows).
+    for (int64_t p = tlo + kKeyTile; p < tlo + 2 * kKeyTile && p <= hi; ++p) {
+      const int64_t off = row_offset(a, p, esize);
+      for (int64_t b = 0; b < row_bytes; b += 64) {
+        if (need_k) V::prefetch(a.k + off + b);
+        if (Values) V::prefetch(a.v + off + b);
+      }
+    }
+    for (int j = 0; j < kKeyTile; ++j) {
+      const int64_t p = tlo + j;
+      if (p < lo || p > hi) {
+        kp[j] = vp[j] = sc + L.zrow;
+        continue;
+      }
+      const int64_t off = row_offset(a, p, esize);
+      if (a.half) {
+        if (need_k) {
+          float* kr = sc + L.kt + int64_t(j) * D;
+          V::cvt_f16_row(reinterpret_cast<const uint16_t*>(a.k + off), kr, D);
+          kp[j] = kr;
+        }
+        if (Values) {
+          float* vr = sc + L.vt + int64_t(j) * D;
+          V::cvt_f16_row(reinterpret_cast<const uint16_t*>(a.v + off), vr, D);
+          vp[j] = vr;
+        }
+      } else {
+        kp[j] = reinterpret_cast<const float*>(a.k + off);
+        vp[j] = reinterpret_cast<const float*>(a.v + off);
+      }
+    }
+    const int64_t thi = tlo + kKeyTile - 1;
+    for (int v = 0; v < L.nv; v += V::kRowVectors) {
+      const int n = L.nv - v < V::kRowVectors ? L.nv - v : V::kRowVectors;
+      bool full = true;
+      for (int i = 0; i < n; ++i)
+        full = full && sc[L.rvfirst + v + i] <= float(tlo) && float(thi) <= sc[L.rvlast + v + i];
+      auto run = [&]<int RV>(int v0) {
+        if constexpr (Values) {
+          if (full) tile_values<V, RV, false>(L, sc, a, v0, tlo, kp, vp, cache);
+          else tile_values<V, RV, true>(L, sc, a, v0, tlo, kp, vp, cache);
+        } else {
+          if (full) tile_stats<V, RV, false>(L, sc, a, v0, tlo, kp, cache);
+          else tile_stats<V, RV, true>(L, sc, a, v0, tlo, kp, cache);
+        }
+      };
+      if (n == V::kRowVectors) run.template operator()<V::kRowVectors>(v);
+      else
+        for (int i = 0; i < n; ++i) run.template operator()<1>(v + i);
+    }
+  }
+}
+
+// Writes the running sum (the outputs) to the tile's output rows.
+template <class V>
+void write_out(const Layout& L, const float* r, const TileArgs& a) {
+  const int W = V::W, D = L.d, G = a.group;
+  const float* acc = acc_of(r, L);
+  for (int v = 0; v < L.nv; ++v)
+    for (int lane = 0; lane < W; ++lane) {
+      const int row = v * W + lane;
+      if (row >= L.rows) break;
+      float* out = a.out[row / G] + (int64_t(a.kv_head) * G + row % G) * D;
+      for (int d = 0; d < D; ++d) out[d] = acc[(int64_t(v) * D + d) * W + lane];
+    }
+}
+
+// Merged statistics of chunks [a.c_begin, a.c_end) from their stored states, and 1 / L per lane.
+template <class V>
+void merged_stats(const Layout& L, float* sc, const TileArgs& a) {
+  float* run = sc + L.run;
+  stats_reset<V>(run, L);
+  for (int64_t c = a.c_begin; c < a.c_end; ++c) stats_merge<V>(run, a.partial + (c - a.c_begin) * L.state, sc, L, c);
+}
+
+template <class V>
+void inverse_sums(const Layout& L, float* sc) {
+  for (int v = 0; v < L.nv; ++v)
+    V::store(sc + L.inv + v * V::W, V::div(V::set1(1.0f), V::load(sc + L.run + (L.nv + v) * V::W)));
+}
+
+template <class V>
+void run_tile(const TileArgs& a) {
+  const int W = V::W, D = a.d_head, G = a.group;
+  const Layout L = layout(a.n_q * G, D, W);
+  float* sc = a.scratch;
+
+  // Positions per lane; Q rows (rounded to F16 with an F16 cache), transposed: Qt[v][d][lane].
+  int64_t ulo = a.first[0], uhi = a.last[0];
+  for (int q = 1; q < a.n_q; ++q) {
+    ulo = a.first[q] < ulo ? a.first[q] : ulo;
+    uhi = a.last[q] > uhi ? a.last[q] : uhi;
+  }
+  const bool need_q = a.mode != Mode::Sum;
+  for (int v = 0; v < L.nv; ++v) {
+    float fmax = -kInf, lmin = kInf;
+    for (int lane = 0; lane < W; ++lane) {
+      const int row = v * W + lane;
+      float* qt = sc + L.qt + int64_t(v) * D * W + lane;
+      if (row < L.rows) {
+        const int q = row / G, h = row % G;
+        const float* src = a.q[q] + (int64_t(a.kv_head) * G + h) * D;
+        if (need_q)
+          for (int d = 0; d < D; ++d) qt[int64_t(d) * W] = src[d];
+        sc[L.firstv + v * W + lane] = float(a.first[q]);
+        sc[L.lastv + v * W + lane] = float(a.last[q]);
+        fmax = float(a.first[q]) > fmax ? float(a.first[q]) : fmax;
+        lmin = float(a.last[q]) < lmin ? float(a.last[q]) : lmin;
+      } else {
+        if (need_q)
+          for (int d = 0; d < D; ++d) qt[int64_t(d) * W] = 0.0f;
+        sc[L.firstv + v * W + lane] = kInf;  // never valid
+        sc[L.lastv + v * W + lane] = -kInf;
+      }
+    }
+    sc[L.rvfirst + v] = fmax;
+    sc[L.rvlast + v] = lmin;
+    if (a.half && need_q)
+      for (int d = 0; d < D; ++d) {
+        float* p = sc + L.qt + (int64_t(v) * D + d) * W;
+        V::store(p, V::f16_round(V::load(p)));
+      }
+  }
+  for (int d = 0; d < D; ++d) sc[L.zrow + d] = 0.0f;
+
+  float* st = sc + L.st;
+  float* run = sc + L.run;
+  switch (a.mode) {
+    case Mode::Full:
+      stats_reset<V>(run, L);
+      for (int64_t c = a.c_begin; c < a.c_end; ++c) {
+        stats_reset<V>(st, L);
+        chunk<V, false>(L, sc, a, c, ulo, uhi);
+        stats_merge<V>(run, st, sc, L, c);
+      }
+      inverse_sums<V>(L, sc);
+      acc_reset<V>(run, L);
+      for (int64_t c = a.c_begin; c < a.c_end; ++c) {
+        acc_reset<V>(st, L);
+        chunk<V, true>(L, sc, a, c, ulo, uhi);
+        acc_add<V>(run, st, sc, L, c);
+      }
+      write_out<V>(L, run, a);
+      break;
+    case Mode::Stats:
+      stats_reset<V>(st, L);
+      chunk<V, false>(L, sc, a, a.chunk, ulo, uhi);
+      std::memcpy(a.partial + (a.chunk - a.c_begin) * L.state, st, size_t(2 * L.nv * W) * sizeof(float));
+      break;
+    case Mode::Values:
+      merged_stats<V>(L, sc, a);
+      inverse_sums<V>(L, sc);
+      acc_reset<V>(st, L);
+      chunk<V, true>(L, sc, a, a.chunk, ulo, uhi);
+      std::memcpy(acc_of(a.partial + (a.chunk - a.c_begin) * L.state, L), acc_of(st, L),
+                  size_t(int64_t(L.nv) * D * W) * sizeof(float));
+      break;
+    case Mode::Sum:
+      acc_reset<V>(run, L);
+      for (int64_t c = a.c_begin; c < a.c_end; ++c) acc_add<V>(run, a.partial + (c - a.c_begin) * L.state, sc, L, c);
+      write_out<V>(L, run, a);
+      break;
+  }
+}
+
+}  // namespace
+}  // namespace serval::cpu::attn

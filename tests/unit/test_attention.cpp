@@ -1,0 +1,447 @@
+// cpu::attention_batch (the flash-style kernel, docs/attention.md) against ref::attention, at every
+// ISA level this CPU runs, and its batch invariance: a query's output is bitwise the same alone, in
+// a batch with other sequences and prefill tiles, split over 1 or 2 threads, and at every level.
+//
+// Tolerance (derived, not fitted; u = 2^-24). For output element (h, d), with the exact weights w_j,
+// A = sum_j w_j |v_jd|, B = max_j scale * sum_d |q_d k_jd| and n keys, each weight the kernel uses
+// differs from the exact one by at most, relative:
+//   2 (D + 1) u B        the F32 dot products and the scale (a score error e moves the weight by
+//                        e, and the normaliser by up to e: twice);
+//   u |s_j - max_s|      the rounding of the argument of exp;
+//   16 u                 exp of the weight, the sum's exps, 1 / L and the product (about 2 ulp each);
+//   (2 n + 5 (n/16 + n/256 + 2)) u   the F32 sums over keys (the normaliser and the values) and the
+//                        rescales of the running sum (an exp and a product each);
+//   and with an F16 cache 2^-10: the kernel and the reference each round the normalised weight to F16
+//   (2^-11 each; they round values that differ by the above, so near a rounding boundary they may
+//   land one F16 step apart), plus 2^-24 absolute per key whose weight is below the F16 normal
+//   range (2^-14), where F16 rounding is absolute (2^-25 each).
+// Summed against |v_jd|, plus the final rounding u |out|, times 1.25 for second-order terms.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "base/cpu.h"
+#include "kernels/cpu/attention_tile.h"
+#include "kernels/isa.h"
+#include "kernels/ops.h"
+#include "tensor/dequant.h"
+
+namespace serval {
+namespace {
+
+using cpu::Isa;
+
+// K and V pools of one layer, each between inaccessible guard regions: a read outside the pool (a
+// block of -1, a slot past the end) faults instead of reading neighbouring memory.
+class GuardedPools {
+ public:
+  GuardedPools(DType type, int64_t n_slots, int64_t kv_dim, uint32_t seed) : type_(type), kv_dim_(kv_dim) {
+    const size_t elem = type == DType::F16 ? 2 : 4;
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    bytes_ = size_t(n_slots * kv_dim) * elem;
+    guard_ = (size_t(16 * kv_dim) * elem * 2 + page - 1) / page * page;  // > one block of 16 slots
+    span_ = guard_ + (bytes_ + page - 1) / page * page;                  // [guard][pool ...]
+    total_ = 2 * span_ + guard_;                                         // [guard][K][guard][V][guard]
+    void* p = mmap(nullptr, total_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    base_ = static_cast<uint8_t*>(p);
+    // Pools end right at the guard that follows them (a read past the end faults at once).
+    k_ = base_ + span_ - bytes_;
+    v_ = base_ + 2 * span_ - bytes_;
+    EXPECT_EQ(mprotect(base_ + guard_, span_ - guard_, PROT_READ | PROT_WRITE), 0);
+    EXPECT_EQ(mprotect(base_ + span_ + guard_, span_ - guard_, PROT_READ | PROT_WRITE), 0);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0, 1);
+    for (uint8_t* pool : {k_, v_})
+      for (int64_t i = 0; i < n_slots * kv_dim; ++i) {
+        const float x = nd(rng);
+        if (type == DType::F16) {
+          const uint16_t h = f32_to_fp16(x);
+          std::memcpy(pool + 2 * i, &h, 2);
+        } else {
+          std::memcpy(pool + 4 * i, &x, 4);
+        }
+      }
+  }
+  ~GuardedPools() { munmap(base_, total_); }
+  GuardedPools(const GuardedPools&) = delete;
+  GuardedPools& operator=(const GuardedPools&) = delete;
+  KvLayerView view() const { return {type_, k_, v_, kv_dim_}; }
+
+ private:
+  DType type_;
+  int64_t kv_dim_;
+  size_t bytes_ = 0, guard_ = 0, span_ = 0, total_ = 0;
+  uint8_t* base_ = nullptr;
+  uint8_t* k_ = nullptr;
+  uint8_t* v_ = nullptr;
+};
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A block table for `n_pos` positions: blocks drawn from a shuffled list of the pool's blocks, and
+// -1 for blocks that hold no position at or after `first_used`.
+std::vector<int32_t> block_table(int64_t n_pos, int32_t bs, int64_t first_used, std::vector<int32_t>& free_blocks) {
+  std::vector<int32_t> t((n_pos + bs - 1) / bs);
+  for (size_t b = 0; b < t.size(); ++b) {
+    if (int64_t(b + 1) * bs <= first_used) {
+      t[b] = -1;
+      continue;
+    }
+    t[b] = free_blocks.back();
+    free_blocks.pop_back();
+  }
+  return t;
+}
+
+std::vector<int32_t> shuffled_blocks(int32_t n, uint32_t seed) {
+  std::vector<int32_t> b(n);
+  std::iota(b.begin(), b.end(), 0);
+  std::shuffle(b.begin(), b.end(), std::mt19937(seed));
+  return b;
+}
+
+// The reference output of one query and the tolerance of each element (see the top of the file).
+struct Expected {
+  std::vector<float> out;
+  std::vector<double> tol;
+};
+
+Expected expected(const AttentionShape& s, const float* q, KvLayerView kv, const KvSpan& span) {
+  std::vector<int32_t> slots;
+  for (int64_t p = span.first; p <= span.last; ++p) slots.push_back(span.slot(p));
+  Expected e;
+  const int64_t D = s.d_head, n = int64_t(slots.size());
+  e.out.resize(size_t(s.n_head * D));
+  e.tol.resize(e.out.size());
+  ref::attention(s, q, kv, slots, e.out.data());
+  const bool half = kv.type == DType::F16;
+  const double u = std::ldexp(1.0, -24);
+  const int group = s.n_head / s.n_head_kv;
+  std::vector<float> k(D), v(D);
+  std::vector<double> sc(n), w(n);
+  for (int h = 0; h < s.n_head; ++h) {
+    const int g = h / group;
+    std::vector<double> qh(D);
+    for (int64_t d = 0; d < D; ++d) qh[d] = half ? fp16_to_f32(f32_to_fp16(q[h * D + d])) : q[h * D + d];
+    double B = 0, mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      kv.load(kv.k, slots[j], g * D, D, k.data());
+      double dot = 0, mag = 0;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * k[d], mag += std::abs(qh[d] * k[d]);
+      sc[j] = dot * s.scale;
+      B = std::max(B, mag * s.scale);
+      mx = std::max(mx, sc[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (w[j] = std::exp(sc[j] - mx));
+    for (auto& x : w) x /= sum;
+    const double rel = 2 * double(D + 1) * u * B + (2 * double(n) + 5 * (n / 16 + n / 256 + 2) + 16) * u +
+                       (half ? std::ldexp(1.0, -10) : 0);
+    std::vector<double> A(D, 0), E(D, 0), tiny(D, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      kv.load(kv.v, slots[j], g * D, D, v.data());
+      for (int64_t d = 0; d < D; ++d) {
+        A[d] += w[j] * std::abs(v[d]);
+        E[d] += w[j] * std::abs(v[d]) * (mx - sc[j]);
+        if (w[j] < std::ldexp(1.0, -14)) tiny[d] += std::abs(v[d]);
+      }
+    }
+    for (int64_t d = 0; d < D; ++d)
+      e.tol[h * D + d] = 1.25 * (A[d] * rel + u * E[d] + (half ? u * tiny[d] : 0) + u * std::abs(e.out[h * D + d]));
+  }
+  return e;
+}
+
+// Forces an ISA level for the test and restores the previous one afterwards; a level this CPU
+// cannot run is skipped, by name.
+class AttentionLevel : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (int(GetParam()) > int(cpu::detected_isa()))
+      GTEST_SKIP() << "ISA level " << cpu::isa_name(GetParam()) << " cannot run on this CPU (it runs at most "
+                   << cpu::isa_name(cpu::detected_isa()) << ")";
+    cpu::force_isa(GetParam());
+  }
+  void TearDown() override { cpu::force_isa(saved_); }
+  const Isa saved_ = cpu::active_isa();
+};
+
+std::string level_name(const ::testing::TestParamInfo<Isa>& info) { return cpu::isa_name(info.param); }
+
+// One configuration of the sweep.
+struct Case {
+  int d_head, group;
+  int64_t n_ctx;
+  int32_t bs;
+  DType type;
+  int64_t window;  // 0: none
+};
+
+std::string describe(const Case& c) {
+  return "d_head " + std::to_string(c.d_head) + " group " + std::to_string(c.group) + " ctx " +
+         std::to_string(c.n_ctx) + " block " + std::to_string(c.bs) + " " + std::string(dtype_info(c.type).name) +
+         " window " + std::to_string(c.window);
+}
+
+// The last min(n_ctx, 10) positions of one sequence as one batched call (a prefill chunk: query
+// tiles), checked one by one against the reference; returns the outputs.
+std::vector<float> check_case(const Case& c, uint32_t seed) {
+  const int n_kv = 2, n_head = n_kv * c.group, D = c.d_head;
+  const AttentionShape s{n_head, n_kv, D, 1.0f / std::sqrt(float(D))};
+  const int64_t n_q = std::min<int64_t>(c.n_ctx, 10);
+  const int64_t p0 = c.n_ctx - n_q;
+  auto first_of = [&](int64_t p) { return c.window ? std::max<int64_t>(0, p - c.window + 1) : 0; };
+  const int32_t n_blocks = int32_t((c.n_ctx + c.bs - 1) / c.bs) + 3;
+  GuardedPools pools(c.type, int64_t(n_blocks) * c.bs, int64_t(n_kv) * D, seed);
+  auto free_blocks = shuffled_blocks(n_blocks, seed + 1);
+  const auto table = block_table(c.n_ctx, c.bs, first_of(p0), free_blocks);
+  const auto q = random_floats(size_t(n_q * n_head * D), seed + 2);
+  std::vector<float> out(q.size(), NAN);
+  std::vector<AttentionQuery> queries;
+  for (int64_t i = 0; i < n_q; ++i)
+    queries.push_back(
+        {q.data() + i * n_head * D, KvSpan{table, c.bs, first_of(p0 + i), p0 + i}, out.data() + i * n_head * D});
+  cpu::attention_batch(s, queries, pools.view());
+  for (int64_t i = 0; i < n_q; ++i) {
+    const Expected e = expected(s, queries[i].q, pools.view(), queries[i].keys);
+    for (size_t x = 0; x < e.out.size(); ++x) {
+      const float got = queries[i].out[x];
+      if (!(std::abs(double(got) - e.out[x]) <= e.tol[x])) {
+        ADD_FAILURE() << describe(c) << ": position " << p0 + i << " element " << x << ": got " << got << ", reference "
+                      << e.out[x] << ", tolerance " << e.tol[x];
+        return out;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Case> sweep() {
+  std::vector<Case> cases;
+  for (int d_head : {40, 64, 72, 128})
+    for (int group : {1, 2, 7})
+      for (int64_t n_ctx : {1, 15, 16, 17, 300, 1100})
+        for (int32_t bs : {1, 16})
+          for (DType type : {DType::F16, DType::F32})
+            for (int64_t window : {int64_t(0), n_ctx > 200 ? int64_t(100) : int64_t(5)}) {
+              if (window >= n_ctx) continue;
+              cases.push_back({d_head, group, n_ctx, bs, type, window});
+            }
+  return cases;
+}
+
+TEST_P(AttentionLevel, MatchesReferenceOnOddShapes) {
+  uint32_t seed = 100;
+  for (const Case& c : sweep()) {
+    check_case(c, seed++);
+    if (HasFailure()) return;
+  }
+}
+
+// The levels run the same operations lane by lane: their outputs are bitwise equal to the
+// portable level's.
+TEST_P(AttentionLevel, BitwiseEqualToPortableLevel) {
+  if (GetParam() == Isa::Scalar) GTEST_SKIP() << "the portable level itself";
+  uint32_t seed = 500;
+  for (const Case& c : sweep()) {
+    if (c.n_ctx > 300 && c.d_head != 64) continue;  // keep the scalar runs short
+    const auto mine = check_case(c, seed);
+    cpu::force_isa(Isa::Scalar);
+    const auto scalar = check_case(c, seed);
+    cpu::force_isa(GetParam());
+    ++seed;
+    ASSERT_EQ(std::memcmp(mine.data(), scalar.data(), mine.size() * sizeof(float)), 0) << describe(c);
+  }
+}
+
+// Several sequences in one pool: a long one (chunks 0..2) with a prefill chunk of 10, a decode, a
+// windowed prefill chunk whose early blocks are -1, and a fresh prefill from position 0.
+struct Scene {
+  static constexpr int kKv = 2, kGroup = 7, kD = 64, kHeads = kKv * kGroup;
+  const AttentionShape s{kHeads, kKv, kD, 0.125f};
+  GuardedPools pools;
+  std::vector<std::vector<int32_t>> tables;
+  struct Q {
+    int seq;
+    int64_t first, pos;
+  };
+  std::vector<Q> qs;
+  std::vector<float> q;
+
+  explicit Scene(DType type) : pools(type, 160 * 16, kKv * kD, 7) {
+    auto free_blocks = shuffled_blocks(160, 8);
+    const int64_t window = 100;
+    tables.push_back(block_table(700, 16, 0, free_blocks));
+    tables.push_back(block_table(521, 16, 0, free_blocks));
+    tables.push_back(block_table(305, 16, 300 - window + 1, free_blocks));
+    tables.push_back(block_table(3, 16, 0, free_blocks));
+    for (int64_t p = 690; p < 700; ++p) qs.push_back({0, 0, p});
+    qs.push_back({1, 0, 520});
+    for (int64_t p = 300; p < 305; ++p) qs.push_back({2, p - window + 1, p});
+    for (int64_t p = 0; p < 3; ++p) qs.push_back({3, 0, p});
+    q = random_floats(qs.size() * kHeads * kD, 9);
+  }
+
+  // Runs the queries `idx` (in that order) as one call; returns every query's output (NaN for
+  // those not run).
+  std::vector<float> run(const std::vector<size_t>& idx) const {
+    std::vector<float> out(q.size(), NAN);
+    std::vector<AttentionQuery> batch;
+    for (size_t i : idx)
+      batch.push_back({q.data() + i * kHeads * kD, KvSpan{tables[qs[i].seq], 16, qs[i].first, qs[i].pos},
+                       out.data() + i * kHeads * kD});
+    cpu::attention_batch(s, batch, pools.view());
+    return out;
+  }
+};
+
+void expect_same_rows(const std::vector<float>& got, const std::vector<float>& want, const std::vector<size_t>& idx,
+                      const std::string& what) {
+  const size_t row = Scene::kHeads * Scene::kD;
+  for (size_t i : idx)
+    EXPECT_EQ(std::memcmp(got.data() + i * row, want.data() + i * row, row * sizeof(float)), 0)
+        << what << ": query " << i;
+}
+
+TEST_P(AttentionLevel, BatchInvariance) {
+  const int saved_threads = compute_threads();
+  for (DType type : {DType::F16, DType::F32}) {
+    const Scene scene(type);
+    const size_t n = scene.qs.size();
+    std::vector<size_t> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    // Each query alone, on 1 thread: the baseline.
+    set_compute_threads(1);
+    std::vector<float> alone(scene.q.size(), NAN);
+    for (size_t i = 0; i < n; ++i) {
+      const auto one = scene.run({i});
+      const size_t row = Scene::kHeads * Scene::kD;
+      std::copy(one.begin() + i * row, one.begin() + (i + 1) * row, alone.begin() + i * row);
+    }
+    // Queries within the reference tolerance (the sweep's check, once here for the scene).
+    for (size_t i = 0; i < n; ++i) {
+      const auto& qi = scene.qs[i];
+      const Expected e = expected(scene.s, scene.q.data() + i * Scene::kHeads * Scene::kD, scene.pools.view(),
+                                  KvSpan{scene.tables[qi.seq], 16, qi.first, qi.pos});
+      for (size_t x = 0; x < e.out.size(); ++x)
+        ASSERT_LE(std::abs(double(alone[i * e.out.size() + x]) - e.out[x]), e.tol[x])
+            << "query " << i << " element " << x;
+    }
+    // Interleaved: no two consecutive queries of one sequence (tiles of one query).
+    std::vector<size_t> interleaved;
+    for (size_t k = 0; k < n; ++k) interleaved.push_back((k * 5) % n);  // 5 and n = 19 are coprime
+    ASSERT_EQ(n, 19u);
+    const int64_t task_room = cpu::attn::score_room_per_task(), call_room = cpu::attn::score_room_per_call();
+    for (auto [threads, keep_scores] : {std::pair{1, true}, {2, true}, {1, false}, {2, false}}) {
+      set_compute_threads(threads);
+      // Scores kept between the passes, or computed again.
+      if (keep_scores) cpu::attn::set_score_room(task_room, call_room);
+      else cpu::attn::set_score_room(0, 0);
+      const std::string t = " (" + std::to_string(threads) + " threads, " + std::string(dtype_info(type).name) +
+                            (keep_scores ? ", scores kept)" : ", scores computed again)");
+      expect_same_rows(scene.run(all), alone, all, "all in one call" + t);
+      expect_same_rows(scene.run(interleaved), alone, all, "interleaved" + t);
+      std::vector<size_t> reversed(all.rbegin(), all.rend());
+      expect_same_rows(scene.run(reversed), alone, all, "reversed" + t);
+      for (int seq = 0; seq < 4; ++seq) {
+        std::vector<size_t> mine;
+        for (size_t i = 0; i < n; ++i)
+          if (scene.qs[i].seq == seq) mine.push_back(i);
+        expect_same_rows(scene.run(mine), alone, mine, "sequence " + std::to_string(seq) + " alone" + t);
+      }
+      for (size_t i = 0; i < n; ++i) expect_same_rows(scene.run({i}), alone, {i}, "alone" + t);
+    }
+    cpu::attn::set_score_room(task_room, call_room);
+    set_compute_threads(saved_threads);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, AttentionLevel, ::testing::Values(Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx),
+                         level_name);
+
+// The single-query entry point over a slot list (block size 1, slots out of order).
+TEST(Attention, SingleQueryOverSlots) {
+  const AttentionShape s{14, 2, 64, 0.125f};
+  GuardedPools pools(DType::F16, 600, 128, 3);
+  std::vector<int32_t> slots;
+  for (int j = 0; j < 517; ++j) slots.push_back(int32_t((j * 7 + 3) % 600));
+  const auto q = random_floats(14 * 64, 4);
+  std::vector<float> out(q.size());
+  cpu::attention(s, q.data(), pools.view(), slots, out.data());
+  const Expected e = expected(s, q.data(), pools.view(), KvSpan{slots, 1, 0, int64_t(slots.size()) - 1});
+  for (size_t x = 0; x < out.size(); ++x) ASSERT_LE(std::abs(double(out[x]) - e.out[x]), e.tol[x]) << x;
+}
+
+// Timings of the kernel alone at Qwen2.5-0.5B's shape (14 query heads, 2 KV heads, d_head 64, F16
+// cache, blocks of 16), one layer: batch-1 decode at 8K and 1K, a 512-token prefill chunk at 4K.
+// Run with --gtest_also_run_disabled_tests --gtest_filter='*AttentionBench*' (figures in
+// docs/attention.md).
+TEST(AttentionBench, DISABLED_Qwen05bShapes) {
+  const AttentionShape s{14, 2, 64, 0.125f};
+  const int64_t ctx = 8192;
+  GuardedPools pools(DType::F16, ctx, 128, 1);
+  auto free_blocks = shuffled_blocks(int32_t(ctx / 16), 2);
+  const auto table = block_table(ctx, 16, 0, free_blocks);
+  auto time = [&](const char* what, int64_t n_q, int64_t last, int64_t first_of_window = 0) {
+    const auto q = random_floats(size_t(n_q * 14 * 64), 3);
+    std::vector<float> out(q.size());
+    std::vector<AttentionQuery> batch;
+    for (int64_t i = 0; i < n_q; ++i)
+      batch.push_back(
+          {q.data() + i * 896, KvSpan{table, 16, first_of_window, last - n_q + 1 + i}, out.data() + i * 896});
+    double pairs = 0;
+    for (const auto& b : batch) pairs += double(b.keys.size());
+    cpu::attention_batch(s, batch, pools.view());  // warm up
+    // Wall time, and CPU time of all threads: on a shared machine the steadier one for 1 thread (with
+    // 2, it includes the pool's idle spinning).
+    auto cpu_now = [] {
+      timespec ts;
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+      return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+    };
+    double best = 1e30, best_cpu = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const double c0 = cpu_now();
+      const auto t0 = std::chrono::steady_clock::now();
+      cpu::attention_batch(s, batch, pools.view());
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best_cpu = std::min(best_cpu, cpu_now() - c0);
+    }
+    // 4 flops per (query, key, head, dimension): the QK and PV multiply-adds.
+    printf("%-7s %-30s wall %8.3f ms  cpu %8.3f ms  %6.1f GFLOP/s per cpu-second\n", cpu::isa_name(cpu::active_isa()),
+           what, best * 1e3, best_cpu * 1e3, pairs * 14 * 64 * 4 / best_cpu * 1e-9);
+  };
+  const Isa saved = cpu::active_isa();
+  const int saved_threads = compute_threads();
+  for (Isa level : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (int(level) > int(cpu::detected_isa())) continue;
+    cpu::force_isa(level);
+    for (int threads : {1, 2}) {
+      set_compute_threads(threads);
+      const std::string t = std::to_string(threads) + "t ";
+      time((t + "decode, 8K context").c_str(), 1, ctx - 1);
+      time((t + "decode, 1K context").c_str(), 1, 1023);
+      if (level != Isa::Scalar) time((t + "prefill 512 at 3584..4095").c_str(), 512, 4095);
+    }
+  }
+  cpu::force_isa(saved);
+  set_compute_threads(saved_threads);
+}
+
+}  // namespace
+}  // namespace serval
