@@ -64,6 +64,8 @@ Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_
   kv_ = std::make_unique<KvManager>(kc);
   cache_ = std::make_unique<KvCache>(model_.config(), capacity_.tokens, config_.kv_type);
   scheduler_ = std::make_unique<Scheduler>(*kv_, config_.scheduler);
+  batch_ = Batch(c.n_kv_groups());
+  batch_.block_size = config_.block_size;
 }
 
 void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
@@ -128,19 +130,41 @@ bool Engine::should_stop(const Request& r, int32_t token) const {
   return std::find(stops.begin(), stops.end(), token) != stops.end();
 }
 
-Batch Engine::build_batch(const SchedulerOutput& plan, std::vector<int64_t>& logit_row) const {
+void Engine::build_batch(const SchedulerOutput& plan) {
   const int n_groups = model_.config().n_kv_groups();
   const int64_t bs = config_.block_size;
-  Batch batch(n_groups);
-  batch.block_size = int32_t(bs);
-  for (int g = 0; g < n_groups; ++g) batch.block_tables[g].resize(plan.scheduled.size());
+  Batch& batch = batch_;
+  batch.tokens.clear();
+  batch.positions.clear();
+  batch.seq_ids.clear();
+  batch.want_logits.clear();
+  for (int g = 0; g < n_groups; ++g) {
+    batch.slots[g].clear();
+    batch.block_tables[g].resize(plan.scheduled.size());
+  }
+  logit_row_.clear();
   int64_t n_logits = 0;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
-    const Request& r = *plan.scheduled[s].request;
+    Request& r = *plan.scheduled[s].request;
     const int64_t begin = r.num_computed_tokens, end = begin + plan.scheduled[s].num_new_tokens;
-    for (int g = 0; g < n_groups; ++g) {  // the block table: one entry per block_size positions
+    // The block table: one entry per block_size positions, 0 .. end - 1. The request's copy from the
+    // previous step is still a prefix of it (same allocation) but for blocks a window freed since.
+    const int64_t n_blocks = (end + bs - 1) / bs;
+    if (r.batch_tables_serial != r.kv.serial() || int(r.batch_tables.size()) != n_groups) {
+      r.batch_tables.assign(n_groups, {});
+      r.batch_tables_live.assign(n_groups, 0);
+      r.batch_tables_serial = r.kv.serial();
+    }
+    for (int g = 0; g < n_groups; ++g) {
       const auto& blocks = r.kv.table(g);
-      batch.block_tables[g][s].assign(blocks.begin(), blocks.begin() + (end + bs - 1) / bs);
+      auto& copy = r.batch_tables[g];
+      const int64_t live = r.kv.first_live_block(g);
+      for (int64_t b = r.batch_tables_live[g]; b < std::min<int64_t>(live, int64_t(copy.size())); ++b) copy[b] = -1;
+      r.batch_tables_live[g] = live;
+      if (int64_t(copy.size()) > n_blocks) copy.resize(n_blocks);
+      else copy.insert(copy.end(), blocks.begin() + int64_t(copy.size()), blocks.begin() + n_blocks);
+      batch.block_tables[g][s] = std::move(copy);
+      copy.clear();
     }
     for (int64_t p = begin; p < end; ++p) {
       const bool logits = p == r.num_tokens() - 1;
@@ -150,26 +174,41 @@ Batch Engine::build_batch(const SchedulerOutput& plan, std::vector<int64_t>& log
       batch.want_logits.push_back(logits);
       for (int g = 0; g < n_groups; ++g) batch.slots[g].push_back(int32_t(r.kv.table(g)[p / bs] * bs + p % bs));
     }
-    logit_row.push_back(end == r.num_tokens() ? n_logits++ : -1);
+    logit_row_.push_back(end == r.num_tokens() ? n_logits++ : -1);
   }
-  return batch;
+}
+
+void Engine::return_block_tables(const SchedulerOutput& plan) {
+  for (size_t s = 0; s < plan.scheduled.size(); ++s) {
+    Request& r = *plan.scheduled[s].request;
+    for (int g = 0; g < int(r.batch_tables.size()); ++g) {
+      r.batch_tables[g] = std::move(batch_.block_tables[g][s]);
+      batch_.block_tables[g][s].clear();
+    }
+  }
 }
 
 bool Engine::step() {
   const SchedulerOutput plan = scheduler_->schedule();
   if (plan.empty()) return false;
-  std::vector<int64_t> logit_row;
-  const Batch batch = build_batch(plan, logit_row);
-  model_.forward(batch, *cache_, logits_);
+  build_batch(plan);
+  try {
+    model_.forward(batch_, *cache_, logits_);
+  } catch (...) {
+    return_block_tables(plan);
+    throw;
+  }
+  return_block_tables(plan);
   ++counters_.steps;
-  counters_.computed_tokens += int64_t(batch.size());
+  counters_.computed_tokens += int64_t(batch_.size());
   const int64_t n_vocab = model_.config().n_vocab;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
     r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
-    kv_->commit(r.kv, r.tokens, r.num_computed_tokens);
-    if (logit_row[s] < 0) continue;  // a prefill chunk that does not reach the end yet
-    const std::span<const float> logits(logits_.data() + logit_row[s] * n_vocab, n_vocab);
+    kv_->hash_blocks(r.tokens, r.block_hashes);  // only blocks not hashed before
+    kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens);
+    if (logit_row_[s] < 0) continue;  // a prefill chunk that does not reach the end yet
+    const std::span<const float> logits(logits_.data() + logit_row_[s] * n_vocab, n_vocab);
     const SampleResult sample = r.sampler.sample(logits, r.tokens);
     r.tokens.push_back(sample.token);
     ++counters_.generation_tokens;
@@ -196,8 +235,7 @@ EngineStats Engine::stats() const {
     s.blocks_cached_free += kv_->pool(g).n_cached_free();
   }
   for (const Request* r : scheduler_->running()) {
-    for (int g = 0; g < kv_->n_groups(); ++g)
-      for (int32_t b : r->kv.table(g)) s.reserved_slots += b >= 0 ? config_.block_size : 0;
+    s.reserved_slots += r->kv.blocks_held() * config_.block_size;
     s.used_slots += r->num_computed_tokens * kv_->n_groups();
   }
   return s;

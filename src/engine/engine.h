@@ -91,8 +91,15 @@ class Engine {
   int64_t arrivals_ = 0;
   EngineStats counters_;
   std::vector<float> logits_;
+  // Reused from step to step (no allocation in the steady state).
+  Batch batch_;
+  std::vector<int64_t> logit_row_;
 
-  Batch build_batch(const SchedulerOutput& plan, std::vector<int64_t>& logit_row) const;
+  // Fills batch_ and logit_row_ (the logits row of each scheduled request, -1 for none); the block
+  // tables are moved in from the requests' copies, brought up to date with the new blocks only.
+  void build_batch(const SchedulerOutput& plan);
+  // Moves the block tables back to their requests.
+  void return_block_tables(const SchedulerOutput& plan);
   void finish(Request& r, FinishReason reason, const std::string& error = "");
   bool should_stop(const Request& r, int32_t token) const;
 };

@@ -56,6 +56,15 @@ struct Request {
   FinishReason finish_reason = FinishReason::None;
   int64_t num_computed_tokens = 0;  // tokens whose KV is in the cache
   KvAllocation kv;
+  // Prefix-cache hash chain of the full blocks of `tokens` (KvManager::hash_blocks), extended as
+  // tokens arrive; kept across preemptions (the tokens do not change).
+  std::vector<uint64_t> block_hashes;
+  // The engine's copy of kv's block tables as the last batch carried them (moved into each batch
+  // and back), so that a step copies only the blocks new since; taken from allocation
+  // `batch_tables_serial`, with blocks before `batch_tables_live[g]` already marked freed.
+  std::vector<std::vector<int32_t>> batch_tables;
+  uint64_t batch_tables_serial = 0;
+  std::vector<int64_t> batch_tables_live;
   Sampler sampler;
   int32_t n_preemptions = 0;
 

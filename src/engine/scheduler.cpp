@@ -23,8 +23,16 @@ void Scheduler::add(Request* r) {
 }
 
 void Scheduler::remove(Request* r) {
-  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+  // Only the queue the request is in: running (short), or waiting (sorted: a binary search).
+  if (r->state == RequestState::Running) {
+    auto it = std::find(running_.begin(), running_.end(), r);
+    if (it != running_.end()) running_.erase(it);
+  } else {
+    auto cmp = [&](auto* a, auto* b) { return before(a, b); };
+    auto [lo, hi] = std::equal_range(waiting_.begin(), waiting_.end(), r, cmp);
+    auto it = std::find(lo, hi, r);
+    if (it != hi) waiting_.erase(it);
+  }
   r->kv.release();
 }
 
@@ -70,7 +78,8 @@ bool Scheduler::schedule_running(Request* r, SchedulerOutput& out, int64_t& budg
 void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
   while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_seqs) {
     Request* r = waiting_.front();
-    const PrefixHit hit = kv_.find_prefix(r->tokens);
+    kv_.hash_blocks(r->tokens, r->block_hashes);  // only blocks not hashed before
+    const PrefixHit hit = kv_.find_prefix_hashed(r->block_hashes, r->num_tokens());
     const int64_t n_new = std::min(r->num_tokens() - hit.n_tokens, budget);
     if (!kv_.can_allocate(nullptr, &hit, hit.n_tokens + n_new)) break;
     waiting_.pop_front();

@@ -24,6 +24,13 @@ class KvAllocation {
 
   bool empty() const { return manager_ == nullptr; }
   const std::vector<int32_t>& table(int group) const { return tables_[group]; }
+  // Blocks before this one in table(group) are all -1 (left a sliding window, or never held).
+  int64_t first_live_block(int group) const { return window_begin_[group]; }
+  // Blocks held (entries >= 0), over all groups.
+  int64_t blocks_held() const { return n_held_; }
+  // Unique to this allocation among the manager's (0 when empty): a copy of the tables taken under
+  // the same serial stays a prefix of them, except for blocks that left a window since.
+  uint64_t serial() const { return serial_; }
   // Releases the blocks now (the handle becomes empty).
   void release();
 
@@ -31,7 +38,11 @@ class KvAllocation {
   friend class KvManager;
   KvManager* manager_ = nullptr;
   std::vector<std::vector<int32_t>> tables_;
-  std::vector<uint64_t> hashes_;  // hash chain of the full blocks registered so far
+  std::vector<int64_t> window_begin_;  // per group, see first_live_block
+  int64_t n_held_ = 0;
+  uint64_t serial_ = 0;
+  int64_t n_registered_ = 0;  // full blocks registered in the prefix cache so far
+  uint64_t last_hash_ = 0;    // hash of block n_registered_ - 1
 };
 
 struct KvManagerConfig {
@@ -58,9 +69,15 @@ class KvManager {
 
   // Hash of a full block given its parent's hash (0 for the first block) and its tokens.
   static uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens);
+  // Extends `chain`, the hash chain of the full blocks of a growing token sequence, to every full
+  // block of `tokens` (which extends the sequence hashed so far): only new blocks are hashed. Does
+  // nothing when prefix caching is off (nothing reads the hashes then).
+  void hash_blocks(std::span<const int32_t> tokens, std::vector<uint64_t>& chain) const;
   // Longest reusable prefix of `tokens`: whole blocks, and always fewer than all tokens (the last
   // token is computed so that logits exist). Changes nothing.
   PrefixHit find_prefix(std::span<const int32_t> tokens) const;
+  // The same from the hash chain of the tokens' full blocks (hash_blocks): block lookups only.
+  PrefixHit find_prefix_hashed(std::span<const uint64_t> chain, int64_t n_tokens) const;
   // Whether a request holding `alloc` (or a new one starting from `hit`) can grow to `n_tokens`.
   bool can_allocate(const KvAllocation* alloc, const PrefixHit* hit, int64_t n_tokens) const;
   // Whether a request of `n_tokens` could ever fit (alone, in the empty pool).
@@ -71,7 +88,10 @@ class KvManager {
   void grow(KvAllocation& alloc, int64_t n_tokens);
   // After the first `n_computed` of `tokens` have KV: registers newly full blocks in the prefix
   // cache and frees blocks that every future token's window has left.
+  // Work proportional to the blocks that became full or left a window since the last commit.
   void commit(KvAllocation& alloc, std::span<const int32_t> tokens, int64_t n_computed);
+  // The same from the tokens' hash chain (hash_blocks; it covers at least n_computed tokens).
+  void commit_hashed(KvAllocation& alloc, std::span<const uint64_t> chain, int64_t n_computed);
   // Drops cached prefixes no request holds.
   void reset_prefix_cache();
   // Fraction of blocks referenced by requests, over all groups.
@@ -81,9 +101,12 @@ class KvManager {
   friend class KvAllocation;
   KvManagerConfig config_;
   std::vector<BlockPool> pools_;
+  uint64_t next_serial_ = 1;
 
   int64_t blocks_for(int64_t n_tokens) const { return (n_tokens + config_.block_size - 1) / config_.block_size; }
   void free_blocks(std::vector<std::vector<int32_t>>& tables);
+  void register_block(KvAllocation& alloc, uint64_t hash);
+  void free_window_blocks(KvAllocation& alloc, int64_t n_computed);
 };
 
 }  // namespace serval

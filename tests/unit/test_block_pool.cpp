@@ -2,6 +2,8 @@
 // eviction order, sliding-window freeing; the pool is whole again after every scenario.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "base/error.h"
 #include "kv/block_pool.h"
 #include "kv/kv_manager.h"
@@ -165,6 +167,141 @@ TEST(KvManager, SlidingWindowGroupFreesBlocksThatLeftTheWindow) {
   a.release();
   expect_whole(m.pool(0));
   expect_whole(m.pool(1));
+}
+
+// The longest-prefix search as first written (a scan over every candidate length), from the tokens.
+PrefixHit reference_prefix(const KvManager& m, std::span<const int32_t> tokens) {
+  PrefixHit hit;
+  hit.blocks.resize(m.n_groups());
+  if (!m.config().prefix_caching || tokens.empty()) return hit;
+  const int64_t bs = m.block_size();
+  const int64_t max_blocks = int64_t(tokens.size() - 1) / bs;
+  std::vector<uint64_t> hashes;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    const uint64_t h = KvManager::block_hash(hashes.empty() ? 0 : hashes.back(), tokens.subspan(b * bs, bs));
+    if (!m.config().window_per_group[0] && !m.pool(0).lookup(h)) break;
+    hashes.push_back(h);
+  }
+  auto first_needed = [&](int g, int64_t n) {
+    const int64_t window = m.config().window_per_group[g];
+    return window ? std::max<int64_t>(0, (n * bs - window) / bs) : 0;
+  };
+  for (int64_t n = int64_t(hashes.size()); n > 0; --n) {
+    bool ok = true;
+    for (int g = 0; g < m.n_groups() && ok; ++g)
+      for (int64_t b = first_needed(g, n); b < n && ok; ++b) ok = m.pool(g).lookup(hashes[b]).has_value();
+    if (!ok) continue;
+    hit.n_tokens = n * bs;
+    hit.hashes.assign(hashes.begin(), hashes.begin() + n);
+    for (int g = 0; g < m.n_groups(); ++g)
+      for (int64_t b = 0; b < n; ++b) hit.blocks[g].push_back(b < first_needed(g, n) ? -1 : *m.pool(g).lookup(hashes[b]));
+    break;
+  }
+  return hit;
+}
+
+void expect_same_hit(const PrefixHit& got, const PrefixHit& want, const std::string& what) {
+  EXPECT_EQ(got.n_tokens, want.n_tokens) << what;
+  EXPECT_EQ(got.blocks, want.blocks) << what;
+  EXPECT_EQ(got.hashes, want.hashes) << what;
+}
+
+// Requests come and go, with prefill chunks, decoded tokens and sliding windows: the hashed forms
+// (a hash chain extended block by block; lookups from it; commits from it) agree with the direct
+// ones and with the first-written search, and each allocation's counters match its tables.
+TEST(KvManager, IncrementalHashingAndLookupMatchTheDirectForms) {
+  std::mt19937 rng(11);
+  for (const auto& windows : std::vector<std::vector<int64_t>>{{0}, {0, 6}, {10, 0}, {0, 9, 5}}) {
+    KvManager m = make_manager(48, 4, windows);
+    struct Live {
+      std::vector<int32_t> tokens;
+      std::vector<uint64_t> chain;
+      KvAllocation alloc;
+      int64_t computed = 0;
+    };
+    std::vector<Live> live;
+    const std::vector<std::vector<int32_t>> bases = {iota_tokens(40), iota_tokens(40, 7), iota_tokens(40, 300)};
+    int hits = 0;
+    for (int op = 0; op < 3000; ++op) {
+      const std::string what = "windows " + std::to_string(windows.size()) + " op " + std::to_string(op);
+      const unsigned kind = rng() % 10;
+      if (kind < 3 || live.empty()) {  // a new request
+        Live r;
+        const auto& base = bases[rng() % bases.size()];
+        r.tokens.assign(base.begin(), base.begin() + 1 + rng() % base.size());
+        for (int k = int(rng() % 3); k > 0; --k) r.tokens.push_back(int32_t(rng() % 5));
+        m.hash_blocks(r.tokens, r.chain);
+        ASSERT_EQ(int64_t(r.chain.size()), int64_t(r.tokens.size()) / m.block_size());
+        const PrefixHit hit = m.find_prefix_hashed(r.chain, int64_t(r.tokens.size()));
+        expect_same_hit(hit, reference_prefix(m, r.tokens), what);
+        expect_same_hit(m.find_prefix(r.tokens), hit, what);
+        hits += hit.n_tokens > 0;
+        const int64_t target = std::min<int64_t>(int64_t(r.tokens.size()), hit.n_tokens + 1 + rng() % 8);
+        if (!m.can_allocate(nullptr, &hit, target)) continue;
+        r.alloc = m.allocate(hit, target);
+        r.computed = hit.n_tokens;
+        live.push_back(std::move(r));
+      } else if (kind < 8) {  // a step: a chunk of the known tokens, or a decoded token
+        Live& r = live[rng() % live.size()];
+        if (r.computed == int64_t(r.tokens.size())) r.tokens.push_back(int32_t(rng() % 5));
+        const int64_t n = std::min<int64_t>(int64_t(r.tokens.size()), r.computed + 1 + rng() % 6);
+        if (!m.can_allocate(&r.alloc, nullptr, n)) continue;
+        m.grow(r.alloc, n);
+        const int64_t registered_before = r.computed / m.block_size();
+        r.computed = n;
+        if (rng() % 2) {
+          m.hash_blocks(r.tokens, r.chain);
+          m.commit_hashed(r.alloc, r.chain, n);
+        } else {
+          m.commit(r.alloc, r.tokens, n);
+          m.hash_blocks(r.tokens, r.chain);
+        }
+        for (int64_t b = registered_before; b < n / m.block_size(); ++b)  // newly full: now cached
+          for (int g = 0; g < m.n_groups(); ++g)
+            if (r.alloc.table(g)[b] >= 0) {
+              EXPECT_TRUE(m.pool(g).lookup(r.chain[b]).has_value()) << what;
+            }
+      } else {  // finished
+        live.erase(live.begin() + rng() % live.size());
+      }
+      for (const Live& r : live) {
+        int64_t held = 0;
+        for (int g = 0; g < m.n_groups(); ++g) {
+          const auto& t = r.alloc.table(g);
+          for (int64_t b = 0; b < int64_t(t.size()); ++b) {
+            held += t[b] >= 0;
+            if (b < r.alloc.first_live_block(g)) {
+              ASSERT_EQ(t[b], -1) << what;
+            }
+          }
+        }
+        ASSERT_EQ(r.alloc.blocks_held(), held) << what;
+      }
+    }
+    EXPECT_GT(hits, 100) << "the scenario should exercise the prefix cache";
+    live.clear();
+    for (int g = 0; g < m.n_groups(); ++g) expect_whole(m.pool(g));
+  }
+}
+
+TEST(KvManager, SerialsTellAllocationsApart) {
+  KvManager m = make_manager(8);
+  KvAllocation a = m.allocate(m.find_prefix(iota_tokens(5)), 5);
+  KvAllocation b = m.allocate(m.find_prefix(iota_tokens(5, 50)), 5);
+  EXPECT_NE(a.serial(), 0u);
+  EXPECT_NE(a.serial(), b.serial());
+  EXPECT_EQ(a.blocks_held(), 2);
+  const uint64_t serial = a.serial();
+  KvAllocation moved = std::move(a);
+  EXPECT_EQ(moved.serial(), serial);
+  EXPECT_EQ(moved.blocks_held(), 2);
+  EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move): moved-from handles are empty
+  EXPECT_EQ(a.serial(), 0u);
+  EXPECT_EQ(a.blocks_held(), 0);
+  moved.release();
+  EXPECT_EQ(moved.serial(), 0u);
+  b.release();
+  expect_whole(m.pool(0));
 }
 
 }  // namespace

@@ -249,6 +249,90 @@ TEST_F(StoriesEngine, EngineLoopStreamsAndAborts) {
   EXPECT_EQ(loop.stats().kv_usage, 0.0);
 }
 
+// The prefix cache registers blocks from each request's hash chain, extended as tokens are decoded:
+// a later prompt that repeats an earlier request's prompt and output finds all of it cached.
+TEST_F(StoriesEngine, PrefixCacheHitsDecodedTokensToo) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 64;
+  Engine e(*model_, cfg);
+  std::map<RequestId, Outcome> out;
+  const auto prompt = encode("Once upon a time there was");  // not a multiple of 4 tokens
+  const GenerationParams p = sampled(12, 3, 0.0f);
+  const RequestId a = e.add_request(prompt, p, collect(out, nullptr));
+  drain(e, out);
+  ASSERT_EQ(out[a].tokens.size(), 12u);
+  // A's KV covers its prompt and all its output but the last token.
+  auto longer = prompt;
+  longer.insert(longer.end(), out[a].tokens.begin(), out[a].tokens.end());
+  const int64_t hits_before = e.stats().prefix_hits;
+  const RequestId b = e.add_request(longer, p, collect(out, nullptr));
+  e.step();
+  EXPECT_EQ(e.stats().prefix_hits - hits_before, int64_t(longer.size() - 1) / 4 * 4);
+  drain(e, out);
+  EXPECT_EQ(out[b].tokens, run_alone(*model_, longer, p).tokens);
+  expect_pool_whole(e);
+}
+
+// Engine::stats() keeps counters instead of walking block tables: they agree with the tables at
+// every step, through growth, preemption and finishing.
+TEST_F(StoriesEngine, StatsAgreeWithTheBlockTables) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 20;  // preemptions
+  cfg.scheduler.max_batched_tokens = 16;
+  Engine e(*model_, cfg);
+  std::map<RequestId, Outcome> out;
+  const std::vector<std::string> texts = {"Once upon a time", "The little girl went to the park",
+                                          "Once upon a time there was a cat", "Tom had a red ball"};
+  for (size_t i = 0; i < texts.size(); ++i) e.add_request(encode(texts[i]), sampled(25, i), collect(out, nullptr));
+  int steps = 0;
+  while (e.has_work() && steps++ < 10000) {
+    e.step();
+    int64_t reserved = 0, used = 0;
+    for (const Request* r : e.scheduler().running()) {
+      for (int g = 0; g < e.kv_manager().n_groups(); ++g)
+        for (int32_t b : r->kv.table(g)) reserved += b >= 0 ? cfg.block_size : 0;
+      used += r->num_computed_tokens * e.kv_manager().n_groups();
+    }
+    const EngineStats st = e.stats();
+    ASSERT_EQ(st.reserved_slots, reserved) << "step " << steps;
+    ASSERT_EQ(st.used_slots, used) << "step " << steps;
+  }
+  EXPECT_GT(e.stats().preemptions, 0);
+  EXPECT_EQ(e.stats().reserved_slots, 0);
+  expect_pool_whole(e);
+}
+
+// Aborting a request that waits (never scheduled, or preempted) takes it out of the queue.
+TEST_F(StoriesEngine, AbortWhileWaiting) {
+  EngineConfig cfg;
+  cfg.block_size = 4;
+  cfg.num_blocks = 64;
+  cfg.scheduler.max_seqs = 1;
+  cfg.scheduler.policy = SchedulingPolicy::Priority;
+  Engine e(*model_, cfg);
+  std::map<RequestId, Outcome> out;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    GenerationParams p = sampled(6, i);
+    p.priority = i % 2;
+    ids.push_back(e.add_request(encode("Once upon a time"), p, collect(out, nullptr)));
+  }
+  e.step();
+  ASSERT_EQ(e.scheduler().running().size(), 1u);
+  ASSERT_EQ(e.scheduler().waiting().size(), 3u);
+  EXPECT_TRUE(e.abort(ids[3]));
+  EXPECT_TRUE(e.abort(ids[1]));
+  EXPECT_EQ(e.scheduler().waiting().size(), 1u);
+  EXPECT_EQ(e.scheduler().waiting().front()->id, ids[2]);
+  drain(e, out);
+  EXPECT_EQ(out[ids[1]].reason, FinishReason::Abort);
+  EXPECT_TRUE(out[ids[1]].tokens.empty());
+  EXPECT_EQ(out[ids[2]].tokens, run_alone(*model_, encode("Once upon a time"), sampled(6, 2)).tokens);
+  expect_pool_whole(e);
+}
+
 // The default real model: concurrent requests equal the same requests one by one.
 TEST(RealModelEngine, DefaultModelBatchInvariance) {
   const std::string path = test::cached_model("qwen2.5-coder-0.5b-instruct");
@@ -400,6 +484,131 @@ TEST_F(StoriesEngine, EngineLoopThreadUsesTheComputeThreadSetting) {
   EXPECT_EQ(seen, available_cores());
 }
 #endif
+
+}  // namespace
+}  // namespace serval
+
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define SERVAL_CALLGRIND 1
+#endif
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace serval {
+namespace {
+
+// stories260K with its GGUF context length raised to `n_ctx` (a copy in the test's temp directory):
+// its forward pass is tiny, so the engine's own per-step work shows at long contexts.
+std::string stories_with_context(uint32_t n_ctx) {
+  std::string bytes = test::read_file(test::shared_path("models/stories260K.gguf"));
+  const std::string key = "llama.context_length";
+  const size_t at = bytes.find(key);
+  if (at == std::string::npos) return "";
+  uint32_t type = 0;
+  std::memcpy(&type, bytes.data() + at + key.size(), 4);
+  if (type != 4) return "";  // GGUF_TYPE_UINT32
+  std::memcpy(bytes.data() + at + key.size() + 4, &n_ctx, 4);
+  const std::string path = ::testing::TempDir() + "/stories260K-ctx" + std::to_string(n_ctx) + ".gguf";
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// Engine overhead per decode step at 16 running sequences with ~4K-token contexts (a shared
+// 4000-token prefix, computed once and then found in the prefix cache, and 16 distinct tokens each),
+// with stats() after each step as EngineLoop does. Disabled: a measurement, not a check. For the
+// instruction counts of the measured steps only (Model::forward included: subtract its inclusive
+// cost), run it under callgrind:
+//   OMP_NUM_THREADS=1 SERVAL_BENCH_STEPS=4 valgrind --tool=callgrind --instr-atstart=no
+//     --collect-atstart=no build/tests/serval_unit_tests --gtest_also_run_disabled_tests
+//     --gtest_filter='EngineBench.*'        (one command; about 20 minutes, mostly the forward passes)
+//   callgrind_annotate --inclusive=yes callgrind.out.<pid>.<n>
+// SERVAL_BENCH_STEPS sets the measured steps per scenario (default 32). One dump per scenario:
+// greedy; API-like sampling (temperature 1, top_k off, top_p 0.95, presence and frequency penalties
+// over the whole history, as the HTTP API sends them); greedy with a 17th request waiting at the
+// head of the queue that shares the cached prefix but does not fit (its lookup is repeated each step).
+TEST(EngineBench, DISABLED_DecodeStepOverhead16x4K) {
+  const std::string path = stories_with_context(8192);
+  ASSERT_FALSE(path.empty());
+  auto m = Model::load(path);
+  constexpr int kSeqs = 16, kPrefix = 4000, kTail = 16, kBlock = 16;
+  const char* steps_env = std::getenv("SERVAL_BENCH_STEPS");
+  const int kSteps = steps_env ? std::clamp(std::atoi(steps_env), 1, 64) : 32;
+  std::mt19937 rng(7);
+  std::vector<int32_t> prefix = {1};
+  while (int(prefix.size()) < kPrefix) prefix.push_back(int32_t(3 + rng() % 500));
+  EngineConfig cfg;
+  cfg.block_size = kBlock;
+  cfg.kv_type = DType::F32;  // the cheapest attention: the forward pass is not what is measured
+  // Room for the prefix and the waiter's 125 blocks (so that it could run alone), but with the 16
+  // sequences' own blocks (2 to 7 each) too few free blocks for it; no preemption.
+  constexpr int kWaiterTail = 2000;
+  cfg.num_blocks = kPrefix / kBlock + kWaiterTail / kBlock + 16;
+  cfg.scheduler.max_batched_tokens = 2048;
+  Engine e(*m, cfg);
+  for (int scenario = 0; scenario < 3; ++scenario) {
+    const char* name = scenario == 0 ? "greedy" : scenario == 1 ? "api_sampling" : "greedy_blocked_waiter";
+    GenerationParams p;
+    p.max_tokens = kSteps + 16;
+    p.ignore_eos = true;
+    p.sampling.temperature = 0;
+    if (scenario == 1) {
+      p.sampling.temperature = 1.0f;
+      p.sampling.top_k = 0;
+      p.sampling.top_p = 0.95f;
+      p.sampling.min_p = 0;
+      p.sampling.presence_penalty = 0.5f;
+      p.sampling.frequency_penalty = 0.5f;
+      p.sampling.repeat_last_n = -1;
+    }
+    int64_t generated = 0;
+    for (int s = 0; s < kSeqs; ++s) {
+      auto prompt = prefix;
+      for (int k = 0; k < kTail; ++k) prompt.push_back(int32_t(3 + rng() % 500));
+      p.sampling.seed = uint64_t(s);
+      e.add_request(prompt, p, [&](const TokenEvent& ev) { generated += !ev.finished; });
+      // The first prompt is computed alone (once: later scenarios find it cached); the others find
+      // its prefix cached.
+      while (s == 0 && generated == 0) e.step();
+    }
+    // Until every sequence decodes (all prompts computed, one token each step).
+    while (generated < kSeqs) e.step(), e.stats();
+    if (scenario == 2) {  // the shared prefix (cached) and 2000 more tokens: 125 blocks more than it holds
+      auto other = prefix;
+      for (int k = 0; k < kWaiterTail; ++k) other.push_back(int32_t(3 + rng() % 500));
+      e.add_request(other, p, nullptr);
+    }
+    for (int i = 0; i < 2; ++i) e.step(), e.stats();
+    ASSERT_EQ(e.scheduler().running().size(), size_t(kSeqs));
+    ASSERT_EQ(e.scheduler().waiting().size(), scenario == 2 ? 1u : 0u);
+    const int64_t preemptions = e.stats().preemptions;
+    const auto t0 = std::chrono::steady_clock::now();
+#ifdef SERVAL_CALLGRIND
+    CALLGRIND_START_INSTRUMENTATION;
+    CALLGRIND_ZERO_STATS;
+    CALLGRIND_TOGGLE_COLLECT;
+#endif
+    int64_t stat_sink = 0;
+    for (int i = 0; i < kSteps; ++i) {
+      e.step();
+      stat_sink += e.stats().reserved_slots;
+    }
+#ifdef SERVAL_CALLGRIND
+    CALLGRIND_TOGGLE_COLLECT;
+    CALLGRIND_DUMP_STATS_AT(name);
+    CALLGRIND_STOP_INSTRUMENTATION;
+#endif
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(e.scheduler().running().size(), size_t(kSeqs));
+    ASSERT_EQ(e.scheduler().waiting().size(), scenario == 2 ? 1u : 0u);
+    EXPECT_EQ(e.stats().preemptions, preemptions);
+    std::printf("%s: %d decode steps of %d sequences at ~%d tokens: %.1f us per step (forward included)%s\n", name,
+                kSteps, kSeqs, kPrefix + kTail, us / kSteps, stat_sink > 0 ? "" : "?");
+    e.abort_all();
+  }
+}
 
 }  // namespace
 }  // namespace serval
