@@ -30,7 +30,10 @@ constexpr int64_t ticket_next(uint64_t t) { return int64_t(t & 0xFFFFFFFFu); }
 class Pool {
  public:
   explicit Pool(int n_threads) : n_threads_(n_threads) {
-    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+    // A worker starts from the generation at construction, not the one it finds when it first runs:
+    // a job (or the destructor) may have moved it on already, and that must not be mistaken for seen.
+    const uint32_t start = generation_.load(std::memory_order_acquire);
+    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i, start] { worker(i, start); });
   }
   ~Pool() {
     stop_.store(true, std::memory_order_release);
@@ -72,10 +75,10 @@ class Pool {
     }
   }
 
-  void worker(int index) {
+  void worker(int index, uint32_t seen) {
     t_thread_index = index;
-    uint32_t seen = generation_.load(std::memory_order_acquire);
     for (;;) {
+      if (stop_.load(std::memory_order_acquire)) return;
       uint32_t g = seen;
       for (int spins = 0; (g = generation_.load(std::memory_order_acquire)) == seen && spins < 20000; ++spins)
         SERVAL_PAUSE();

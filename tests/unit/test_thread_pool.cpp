@@ -66,5 +66,18 @@ TEST(ThreadPool, JobsFromSeveralThreadsAtOnceAllComplete) {
   EXPECT_EQ(total.load(), 4 * 50 * 100);
 }
 
+// Each change of the thread count rebuilds the pool on the next job, so the old pool is destroyed
+// while its workers may not have run yet. A worker that first ran after the destructor's wake-up used
+// to sleep forever (the join hung); a hang here fails the run at ctest's timeout.
+TEST(ThreadPool, RebuildingRightAfterStartDoesNotHang) {
+  ThreadsGuard guard;
+  for (int i = 0; i < 300; ++i) {
+    set_compute_threads(2 + i % 2);
+    std::atomic<int> n{0};
+    parallel_for(2, [&](int64_t) { n.fetch_add(1); });
+    ASSERT_EQ(n.load(), 2);
+  }
+}
+
 }  // namespace
 }  // namespace serval
