@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -20,15 +21,37 @@ bool request_amx() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureTileData) == 0;
 }
 
+// CPUID bits (leaf 1 ECX; leaf 7 sub-leaf 0 EBX, ECX, EDX), and the register state the OS saves (XCR0):
+// read directly, as GCC's and clang's __builtin_cpu_supports do not know the same feature names.
+struct CpuBits {
+  unsigned l1c = 0, l7b = 0, l7c = 0, l7d = 0;
+  unsigned long long xcr0 = 0;
+  bool has(unsigned reg, int bit) const { return (reg >> bit) & 1u; }
+};
+
+CpuBits read_cpu() {
+  CpuBits c;
+  unsigned a, b, d;
+  if (__get_cpuid(1, &a, &b, &c.l1c, &d) == 0) return c;
+  __get_cpuid_count(7, 0, &a, &c.l7b, &c.l7c, &c.l7d);
+  if (c.has(c.l1c, 27)) {  // OSXSAVE: XGETBV is available
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    c.xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
+  }
+  return c;
+}
+
 Isa detect() {
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const CpuBits c = read_cpu();
+  const bool ymm_state = (c.xcr0 & 0x6) == 0x6, zmm_state = (c.xcr0 & 0xE6) == 0xE6;
+  const bool avx2 = ymm_state && c.has(c.l7b, 5) && c.has(c.l1c, 12) && c.has(c.l1c, 29);  // AVX2, FMA, F16C
   if (!avx2) return Isa::Scalar;
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512vnni");
+  // AVX-512 F (EBX 16), DQ (17), BW (30), VL (31), VNNI (ECX 11).
+  const bool avx512 = zmm_state && c.has(c.l7b, 16) && c.has(c.l7b, 17) && c.has(c.l7b, 30) && c.has(c.l7b, 31) &&
+                      c.has(c.l7c, 11);
   if (!avx512) return Isa::Avx2;
-  const bool amx = __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-tile") && request_amx();
+  const bool amx = c.has(c.l7d, 24) && c.has(c.l7d, 25) && request_amx();  // AMX-TILE, AMX-INT8
   return amx ? Isa::Amx : Isa::Avx512;
 }
 #else

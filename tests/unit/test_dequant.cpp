@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/isa.h"
 #include "tensor/dequant.h"
 
 namespace serval {
@@ -15,7 +16,7 @@ namespace {
 // The hardware conversions, compiled for F16C whatever the baseline (tests skip without it).
 __attribute__((target("f16c"))) float hw_half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 __attribute__((target("f16c"))) uint16_t hw_float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
-bool have_f16c() { return __builtin_cpu_supports("f16c"); }
+bool have_f16c() { return cpu::detected_isa() >= cpu::Isa::Avx2; }  // the AVX2 level requires F16C
 
 TEST(Dequant, HalfToFloatExhaustiveAgainstF16C) {
   if (!have_f16c()) GTEST_SKIP() << "not run: this CPU has no F16C";
