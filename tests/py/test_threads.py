@@ -1,7 +1,10 @@
 """`serve -t N` computes on N threads. The engine runs on its own thread, and OpenMP's thread count is
 per thread, so `-t` once reached only the main thread while the engine thread computed on every core.
 Measured from outside: the CPU time of each of the server's threads (/proc/PID/task/*/stat) after a
-generation-heavy load; with -t 1 only one thread does the work."""
+generation-heavy load; with -t 1 only one thread does the work. Compute now runs on a pool whose
+threads claim tasks dynamically (the engine thread works too), so on this tiny model the pool's
+worker gets a smaller share than the engine thread: a computing thread is one with at least a tenth of
+the busiest thread's CPU time, far above the HTTP threads' (which only wait and copy tokens)."""
 import concurrent.futures
 import os
 import time
@@ -53,7 +56,7 @@ def test_serve_computes_on_the_requested_number_of_threads(threads):
         busiest = cpu[0]
         assert busiest >= 0.3, f"too little work to measure: {cpu}"
         # A computing thread gets a share of the work; the HTTP threads only wait and copy tokens.
-        computing = [c for c in cpu if c >= 0.25 * busiest]
+        computing = [c for c in cpu if c >= 0.1 * busiest]
         assert len(computing) == threads, f"-t {threads}: threads' CPU seconds {cpu}"
     finally:
         assert s.stop() == 0
