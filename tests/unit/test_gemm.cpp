@@ -157,7 +157,9 @@ TEST(Isa, LevelsParseAndCannotBeForcedAboveTheCpu) {
   EXPECT_THROW(cpu::parse_isa("sse9"), Error);
   cpu::force_isa(cpu::Isa::Scalar);
   EXPECT_EQ(cpu::active_isa(), cpu::Isa::Scalar);
-  if (cpu::detected_isa() != cpu::Isa::Amx) EXPECT_THROW(cpu::force_isa(cpu::Isa::Amx), Error);
+  if (cpu::detected_isa() != cpu::Isa::Amx) {
+    EXPECT_THROW(cpu::force_isa(cpu::Isa::Amx), Error);
+  }
 }
 
 }  // namespace
