@@ -44,6 +44,15 @@ inline std::vector<uint8_t> random_rows(DType t, int64_t rows, int64_t cols, uin
   return b;
 }
 
+// n normally distributed floats (mean 0, deviation 1) from a fixed seed: activations and queries.
+inline std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
 inline const std::vector<DType>& all_types() {
   static const std::vector<DType> types = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1,
                                            DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,

@@ -32,6 +32,7 @@
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
+#include "random_blocks.h"
 #include "tensor/dequant.h"
 
 namespace serval {
@@ -84,14 +85,6 @@ class GuardedPools {
   uint8_t* k_ = nullptr;
   uint8_t* v_ = nullptr;
 };
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // A block table for `n_pos` positions: blocks drawn from a shuffled list of the pool's blocks, and
 // -1 for blocks that hold no position at or after `first_used`.
@@ -210,7 +203,7 @@ std::vector<float> check_case(const Case& c, uint32_t seed) {
   GuardedPools pools(c.type, int64_t(n_blocks) * c.bs, int64_t(n_kv) * D, seed);
   auto free_blocks = shuffled_blocks(n_blocks, seed + 1);
   const auto table = block_table(c.n_ctx, c.bs, first_of(p0), free_blocks);
-  const auto q = random_floats(size_t(n_q * n_head * D), seed + 2);
+  const auto q = test::random_floats(size_t(n_q * n_head * D), seed + 2);
   std::vector<float> out(q.size(), NAN);
   std::vector<AttentionQuery> queries;
   for (int64_t i = 0; i < n_q; ++i)
@@ -294,7 +287,7 @@ struct Scene {
     qs.push_back({1, 0, 520});
     for (int64_t p = 300; p < 305; ++p) qs.push_back({2, p - window + 1, p});
     for (int64_t p = 0; p < 3; ++p) qs.push_back({3, 0, p});
-    q = random_floats(qs.size() * kHeads * kD, 9);
+    q = test::random_floats(qs.size() * kHeads * kD, 9);
   }
 
   // Runs the queries `idx` (in that order) as one call; returns every query's output (NaN for
@@ -380,7 +373,7 @@ TEST(Attention, SingleQueryOverSlots) {
   GuardedPools pools(DType::F16, 600, 128, 3);
   std::vector<int32_t> slots;
   for (int j = 0; j < 517; ++j) slots.push_back(int32_t((j * 7 + 3) % 600));
-  const auto q = random_floats(14 * 64, 4);
+  const auto q = test::random_floats(14 * 64, 4);
   std::vector<float> out(q.size());
   cpu::attention(s, q.data(), pools.view(), slots, out.data());
   const Expected e = expected(s, q.data(), pools.view(), KvSpan{slots, 1, 0, int64_t(slots.size()) - 1});
@@ -398,7 +391,7 @@ TEST(AttentionBench, DISABLED_Qwen05bShapes) {
   auto free_blocks = shuffled_blocks(int32_t(ctx / 16), 2);
   const auto table = block_table(ctx, 16, 0, free_blocks);
   auto time = [&](const char* what, int64_t n_q, int64_t last, int64_t first_of_window = 0) {
-    const auto q = random_floats(size_t(n_q * 14 * 64), 3);
+    const auto q = test::random_floats(size_t(n_q * 14 * 64), 3);
     std::vector<float> out(q.size());
     std::vector<AttentionQuery> batch;
     for (int64_t i = 0; i < n_q; ++i)

@@ -23,14 +23,6 @@ namespace {
 const std::vector<DType> kPackedTypes = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 const std::vector<cpu::Isa> kLevels = {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512, cpu::Isa::Amx};
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 // Restores the detected level when a test ends.
 struct IsaGuard {
   ~IsaGuard() { cpu::force_isa(cpu::detected_isa()); }
@@ -75,7 +67,7 @@ TEST_P(PackedGemm, EveryLevelMatchesReferenceAndScalarBitwise) {
     const int64_t cols = s.blocks * int64_t(dtype_info(t).block_elems);
     TestMatrix m(t, s.rows, cols, uint32_t(s.rows * 7 + cols));
     ASSERT_TRUE(m.w.packed) << "a packable type must be packed";
-    const auto xs = random_floats(s.n_tok * cols + 1, 5);
+    const auto xs = test::random_floats(s.n_tok * cols + 1, 5);
     const float* x = xs.data() + 1;  // misaligned activations
     std::vector<float> want(s.n_tok * s.rows), scalar(want.size());
     ref::matmul(WeightMatrix{t, s.rows, cols, m.w.data, m.w.row_stride}, x, want.data(), s.n_tok);
@@ -104,7 +96,7 @@ TEST_P(PackedGemm, TokenResultsDoNotDependOnTheBatchOrThreads) {
   const DType t = GetParam();
   const int64_t rows = 45, cols = 2 * int64_t(dtype_info(t).block_elems), n_tok = 70;
   TestMatrix m(t, rows, cols, 11);
-  const auto x = random_floats(n_tok * cols, 3);
+  const auto x = test::random_floats(n_tok * cols, 3);
   std::vector<float> all(n_tok * rows), one(rows), single_thread(n_tok * rows);
   cpu::matmul(m.w, x.data(), all.data(), n_tok);
   for (int64_t tok = 0; tok < n_tok; ++tok) {
@@ -126,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedGemm, ::testing::ValuesIn(kPackedTypes),
 TEST(PackedGemm, ActivationQuantizationIsTheSameAtEveryLevel) {
   IsaGuard guard;
   const int64_t cols = 512, n_tok = 5;
-  auto x = random_floats(n_tok * cols, 9);
+  auto x = test::random_floats(n_tok * cols, 9);
   std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero super-block
   x[600] = 3.5f, x[700] = -3.5f;                      // a tie of magnitudes: the first one sets the sign
   for (DType t : {DType::Q8_0, DType::Q4_K}) {

@@ -11,14 +11,6 @@
 namespace serval {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 class MatmulTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MatmulTest, MatchesReferenceOnManyShapes) {
@@ -29,7 +21,7 @@ TEST_P(MatmulTest, MatchesReferenceOnManyShapes) {
     const int64_t cols = cols_blocks * (block == 1 ? 37 : block);
     const auto wbytes = test::random_rows(t, rows, cols, uint32_t(rows * 31 + cols));
     const WeightMatrix w{t, rows, cols, wbytes.data(), row_bytes(t, cols)};
-    const auto x = random_floats(n_tok * cols, 7);
+    const auto x = test::random_floats(n_tok * cols, 7);
     std::vector<float> ref_y(n_tok * rows), cpu_y(n_tok * rows);
     ref::matmul(w, x.data(), ref_y.data(), n_tok);
     cpu::matmul(w, x.data(), cpu_y.data(), n_tok);
@@ -45,7 +37,7 @@ TEST_P(MatmulTest, BatchInvariant) {
   const auto wbytes = test::random_rows(t, rows, cols, 99);
   const WeightMatrix w{t, rows, cols, wbytes.data(), row_bytes(t, cols)};
   const int64_t n_tok = 9;
-  const auto x = random_floats(n_tok * cols, 3);
+  const auto x = test::random_floats(n_tok * cols, 3);
   std::vector<float> all(n_tok * rows), one(rows);
   cpu::matmul(w, x.data(), all.data(), n_tok);
   for (int64_t tok = 0; tok < n_tok; ++tok) {
@@ -61,8 +53,8 @@ TEST(Attention, MatchesReferenceWithGqaAndScatteredSlots) {
   for (auto [n_head, n_head_kv, d_head, n_keys] :
        std::vector<std::tuple<int, int, int, int>>{{1, 1, 8, 1}, {8, 4, 8, 7}, {14, 2, 64, 33}, {4, 1, 256, 100}}) {
     const int64_t kv_dim = n_head_kv * d_head, n_slots = 2 * n_keys + 3;
-    const auto k = random_floats(n_slots * kv_dim, 1), v = random_floats(n_slots * kv_dim, 2);
-    const auto q = random_floats(n_head * d_head, 3);
+    const auto k = test::random_floats(n_slots * kv_dim, 1), v = test::random_floats(n_slots * kv_dim, 2);
+    const auto q = test::random_floats(n_head * d_head, 3);
     std::vector<int32_t> slots;
     for (int j = 0; j < n_keys; ++j) slots.push_back(int32_t((j * 7 + 3) % n_slots));  // not in order
     const AttentionShape s{n_head, n_head_kv, d_head, 1.0f / std::sqrt(float(d_head))};
