@@ -15,12 +15,14 @@
 #include "kernels/cpu/packed.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
+#include "tensor/blocks.h"
 #include "random_blocks.h"
 
 namespace serval {
 namespace {
 
-const std::vector<DType> kPackedTypes = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const std::vector<DType> kPackedTypes = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
+                                         DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 const std::vector<cpu::Isa> kLevels = {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512, cpu::Isa::Amx};
 
 // Restores the detected level when a test ends.
@@ -49,7 +51,16 @@ float error_bound(const WeightMatrix& w, int64_t r, const float* x) {
   double mag = 0;
   for (int64_t k = 0; k < w.cols; ++k) mag += std::abs(double(row[k]) * x[k]);
   const double n_terms = double(w.cols / 32) * 2 + 8;
-  return float(n_terms * 4 * FLT_EPSILON * (mag + 1e-3) + 1e-6);
+  double q8_1 = 0;  // the reference rounds Q8_1's d * sum(q) to F16 and multiplies it by the min
+  if (w.type == DType::Q4_1 || w.type == DType::Q5_1)
+    for (int64_t b = 0; b < w.cols / 32; ++b) {
+      Block32 blk;
+      unpack_block32(w.type, w.data + r * w.row_stride + b * dtype_info(w.type).block_bytes, blk);
+      double ax = 0;
+      for (int k = 0; k < 32; ++k) ax += std::abs(double(x[32 * b + k]));
+      q8_1 += std::abs(double(blk.m)) * ax * std::ldexp(1.0, -10);
+    }
+  return float(n_terms * 4 * FLT_EPSILON * (mag + 1e-3) + q8_1 + 1e-6);
 }
 
 struct Shape {
@@ -121,7 +132,7 @@ TEST(PackedGemm, ActivationQuantizationIsTheSameAtEveryLevel) {
   auto x = test::random_floats(n_tok * cols, 9);
   std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero super-block
   x[600] = 3.5f, x[700] = -3.5f;                      // a tie of magnitudes: the first one sets the sign
-  for (DType t : {DType::Q8_0, DType::Q4_K}) {
+  for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_K}) {
     cpu::force_isa(cpu::Isa::Scalar);
     cpu::PackedActs want, got;
     cpu::quantize_packed_acts(t, x.data(), cols, n_tok, want);
@@ -132,12 +143,58 @@ TEST(PackedGemm, ActivationQuantizationIsTheSameAtEveryLevel) {
       EXPECT_EQ(got.qs, want.qs) << cpu::isa_name(level);
       EXPECT_EQ(got.d, want.d) << cpu::isa_name(level);
       EXPECT_EQ(got.sums, want.sums) << cpu::isa_name(level);
+      EXPECT_EQ(got.pairs, want.pairs) << cpu::isa_name(level);
     }
   }
 }
 
+// The half sums as int16 pairs are what VPDPWSSD multiplies: low half first, negative sums kept.
+TEST(PackedGemm, ActivationPairsHoldBothHalfSums) {
+  std::vector<float> x(64, 0.0f);
+  for (int i = 0; i < 16; ++i) x[i] = -1.0f, x[16 + i] = 0.5f, x[32 + i] = 1.0f;  // sums -16 * 127, 16 * 64, ...
+  cpu::PackedActs a;
+  cpu::quantize_packed_acts(DType::Q8_0, x.data(), 64, 1, a);
+  ASSERT_EQ(a.pairs.size(), 2u);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(int16_t(a.pairs[b] & 0xFFFF), a.sums[2 * b]);
+    EXPECT_EQ(int16_t(uint32_t(a.pairs[b]) >> 16), a.sums[2 * b + 1]);
+  }
+  EXPECT_EQ(a.sums[0], -16 * 127);
+}
+
+// Every value and sub-scale bit set (for most types the largest values, scales and mins) against
+// activations at their largest magnitude: the super-block integer sums stay exact (packed.h bounds
+// them), so the result agrees with the reference within the usual bound.
+TEST_P(PackedGemm, AllBitsSetAgainstLargestActivations) {
+  const DType t = GetParam();
+  IsaGuard guard;
+  const int64_t rows = 16, cols = 2 * int64_t(dtype_info(t).block_elems);
+  auto bytes = test::random_rows(t, rows, cols, 2);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = 0xFF;  // every bit set: the largest values and scales
+  for (size_t blk = 0; blk < bytes.size() / dtype_info(t).block_bytes; ++blk)
+    for (size_t off : test::half_fields(t)) {
+      const uint16_t h = f32_to_fp16(0.01f);
+      std::memcpy(&bytes[blk * dtype_info(t).block_bytes + off], &h, 2);
+    }
+  WeightMatrix w{t, rows, cols, bytes.data(), row_bytes(t, cols)};
+  cpu::prepare_weights(w);
+  ASSERT_TRUE(w.packed);
+  std::vector<float> x(4 * cols, 1.0f);  // all at the activation maximum
+  for (int64_t i = cols; i < 2 * cols; ++i) x[i] = -1.0f;
+  std::vector<float> want(4 * rows), got(want.size());
+  ref::matmul(WeightMatrix{t, rows, cols, bytes.data(), w.row_stride}, x.data(), want.data(), 4);
+  for (cpu::Isa level : kLevels) {
+    if (int(level) > int(cpu::detected_isa())) continue;
+    cpu::force_isa(level);
+    cpu::matmul(w, x.data(), got.data(), 4);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], error_bound(w, int64_t(i) % rows, x.data() + (int64_t(i) / rows) * cols))
+          << dtype_info(t).name << " " << cpu::isa_name(level) << " output " << i;
+  }
+}
+
 TEST(PackedGemm, UnpackableTypesAreLeftAsTheyAre) {
-  for (DType t : {DType::F32, DType::F16, DType::Q4_1, DType::Q2_K, DType::Q3_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
     TestMatrix m(t, 3, int64_t(dtype_info(t).block_elems == 1 ? 64 : dtype_info(t).block_elems), 1);
     EXPECT_FALSE(m.w.packed) << dtype_info(t).name;
   }

@@ -1,12 +1,15 @@
 // The packed GEMM with AMX-INT8 tiles (Intel): per row group and block, one TDPBSUD multiplies 16
-// tokens' activations (signed, A: 16 x 32 bytes) by the group's weights (unsigned, B: the packed
-// block as it is stored, 8 rows of 16 x 4 bytes: the VNNI order the layout already has). The exact
-// integer sums then go through the float steps of packed.h in AVX-512, so results are bitwise those
-// of the other levels. Split types (Q6_K) take two half-depth products (S_lo, S_hi). Fewer than
-// kMinTokens tokens use the AVX-512 kernel (the same results; tiles do not pay for so few rows).
+// tokens' activations (signed, A: 16 x 32 bytes) by the group's weights (unsigned, B: 8 rows of
+// 16 x 4 bytes: the VNNI order of the packed layout). Nibble types are widened to bytes once per group
+// and call, for all the token tiles. Split types (per-half sub-scales) take two half-depth products.
+// The product of block b + 1 runs on the tile unit while block b's exact integer sums go through the
+// integer and float steps of packed.h in AVX-512, so results are bitwise those of the other levels.
+// Fewer than kMinTokens tokens use the AVX-512 kernel (the same results; tiles do not pay for so few).
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "kernels/cpu/packed.h"
 
@@ -15,6 +18,18 @@ namespace {
 
 constexpr int kTileTokens = 16;
 constexpr int64_t kMinTokens = 4;
+
+// The calling thread's buffer for widened weights: 64-byte aligned, grown when needed.
+uint8_t* widen_buffer(size_t bytes) {
+  thread_local std::unique_ptr<uint8_t[], AlignedFree> buf;
+  thread_local size_t capacity = 0;
+  if (capacity < bytes) {
+    buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (!buf) std::abort();
+    capacity = bytes;
+  }
+  return buf.get();
+}
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -25,7 +40,8 @@ struct alignas(64) TileConfig {
 // Two tile layouts (tile state is per thread; a thread loads the one its kernel needs):
 //   plain: 0, 1 sums (16 tokens x 16 rows int32) of two blocks in flight; 2, 3 activations (16 x 32);
 //          4, 5 weights (8 x 64);
-//   split: 0, 1 sums of the two halves; 4, 5 activation halves (16 x 16); 6, 7 weight halves (4 x 64).
+//   split: 0, 1 and 2, 3 the sums of two blocks' halves in flight; 4, 5 activation halves (16 x 16);
+//          6, 7 weight halves (4 x 64).
 enum class Tiles { None, Plain, Split };
 
 void configure_tiles(Tiles want) {
@@ -33,7 +49,7 @@ void configure_tiles(Tiles want) {
   if (current == want) return;
   TileConfig c;
   const int plain[8][2] = {{16, 64}, {16, 64}, {16, 32}, {16, 32}, {8, 64}, {8, 64}, {0, 0}, {0, 0}};
-  const int split[8][2] = {{16, 64}, {16, 64}, {0, 0}, {0, 0}, {16, 16}, {16, 16}, {4, 64}, {4, 64}};
+  const int split[8][2] = {{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 16}, {16, 16}, {4, 64}, {4, 64}};
   const auto& shape = want == Tiles::Plain ? plain : split;
   for (int i = 0; i < 8; ++i) c.rows[i] = uint8_t(shape[i][0]), c.colsb[i] = uint16_t(shape[i][1]);
   // GCC 12 does not model LDTILECFG as reading the whole 64 bytes and drops the stores above
@@ -43,10 +59,9 @@ void configure_tiles(Tiles want) {
   current = want;
 }
 
-// The block's values as bytes (nibble types are widened into `buf`).
+// A block's values as bytes in the packed order (nibble types widened into `out`).
 template <bool kNib, bool kPlane>
-const uint8_t* block_bytes(const uint8_t* blk, uint8_t* buf) {
-  if constexpr (!kNib) return blk;
+void widen_block(const uint8_t* blk, uint8_t* out) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   for (int j = 0; j < 4; ++j) {
     const __m512i raw = _mm512_load_si512(blk + 64 * j);
@@ -58,35 +73,98 @@ const uint8_t* block_bytes(const uint8_t* blk, uint8_t* buf) {
       lo = _mm512_mask_add_epi8(lo, mlo, lo, bit4);
       hi = _mm512_mask_add_epi8(hi, mhi, hi, bit4);
     }
-    _mm512_store_si512(buf + 64 * j, lo);
-    _mm512_store_si512(buf + 64 * (j + 4), hi);
+    _mm512_store_si512(out + 64 * j, lo);
+    _mm512_store_si512(out + 64 * (j + 4), hi);
   }
-  return buf;
 }
 
-// The float steps of packed.h for one block: s0 (and s1 for split types) hold the integer sums.
-template <bool kSplit, bool kMins>
-inline void accumulate(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t b, int64_t t0, int nt,
-                       const int32_t (*s0)[16], const int32_t (*s1)[16], __m512* acc) {
-  const int64_t nb = w.n_blocks;
-  const size_t i = w.index(g, b);
-  const __m512 sc = _mm512_loadu_ps(w.scale.data() + i);
-  const __m512 nm = kMins ? _mm512_loadu_ps(w.neg_min.data() + i) : _mm512_setzero_ps();
-  const __m512i slo = kSplit ? _mm512_loadu_si512(w.sub.data() + 2 * i) : _mm512_setzero_si512();
-  const __m512i shi = kSplit ? _mm512_loadu_si512(w.sub.data() + 2 * i + kPackRows) : _mm512_setzero_si512();
-  for (int t = 0; t < nt; ++t) {
-    const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-    __m512i isum;
-    if constexpr (kSplit) {
-      const __m512i lo = _mm512_sub_epi32(_mm512_load_si512(s0[t]), _mm512_set1_epi32(w.offset * xs[0]));
-      const __m512i hi = _mm512_sub_epi32(_mm512_load_si512(s1[t]), _mm512_set1_epi32(w.offset * xs[1]));
-      isum = _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi));
+inline __m512i widen16(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m512i pair16(__m512i lo, __m512i hi) {
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+// Starts the tile products of block b: `wq` is the group's bytes (512 per block).
+template <bool kSplit>
+inline void issue(const PackedActs& x, const uint8_t* wq, int64_t t0, int64_t b) {
+  const int8_t* xa = x.row(t0) + b * kPackBlock;
+  const uint8_t* wb = wq + 512 * b;
+  if constexpr (kSplit) {
+    _tile_loadd(4, xa, x.cols);
+    _tile_loadd(5, xa + 16, x.cols);
+    _tile_loadd(6, wb, 64);
+    _tile_loadd(7, wb + 256, 64);
+    if (b & 1) {
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_dpbsud(2, 4, 6);
+      _tile_dpbsud(3, 5, 7);
     } else {
-      isum = _mm512_sub_epi32(_mm512_load_si512(s0[t]), _mm512_set1_epi32(w.offset * (xs[0] + xs[1])));
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 5, 7);
     }
-    const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + b]);
-    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum), acc[t]);
-    if constexpr (kMins) acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(nm, xd), _mm512_set1_ps(float(xs[0] + xs[1])), acc[t]);
+  } else if (b & 1) {
+    _tile_zero(1);
+    _tile_loadd(3, xa, x.cols);
+    _tile_loadd(5, wb, 64);
+    _tile_dpbsud(1, 3, 5);
+  } else {
+    _tile_zero(0);
+    _tile_loadd(2, xa, x.cols);
+    _tile_loadd(4, wb, 64);
+    _tile_dpbsud(0, 2, 4);
+  }
+}
+
+// Block b's sums (s: [half][token][row]) into the super-block's integer sums, as packed.h says.
+template <int kSub>
+inline void add_block(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t b, int64_t t0, int nt,
+                      const int32_t (*s)[kTileTokens][16], __m512i* isum) {
+  const int64_t nb = w.n_blocks;
+  if constexpr (kSub == 2) {
+    const __m512i slo = widen16(w.sub.data() + w.int_index(g, b)), shi = widen16(w.sub.data() + w.int_index(g, b) + kPackRows);
+    const __m512i neg_off = _mm512_set1_epi32(-w.offset);
+    const __m512i offp = pair16(_mm512_mullo_epi32(slo, neg_off), _mm512_mullo_epi32(shi, neg_off));
+    for (int t = 0; t < nt; ++t) {
+      const __m512i lo = _mm512_load_si512(s[0][t]), hi = _mm512_load_si512(s[1][t]);
+      isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi)));
+      isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(x.pairs[(t0 + t) * nb + b]));
+    }
+  } else {
+    const __m512i sl = kSub == 1 ? widen16(w.sub.data() + w.int_index(g, b)) : _mm512_setzero_si512();
+    for (int t = 0; t < nt; ++t) {
+      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
+      const __m512i sum = _mm512_sub_epi32(_mm512_load_si512(s[0][t]), _mm512_set1_epi32(w.offset * (xs[0] + xs[1])));
+      isum[t] = _mm512_add_epi32(isum[t], kSub == 1 ? _mm512_mullo_epi32(sl, sum) : sum);
+    }
+  }
+}
+
+// The float steps of one super-block (and its mins) for nt tokens.
+template <bool kMins>
+inline void finish_super(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t sup, int64_t t0, int nt,
+                         __m512i* isum, __m512* acc) {
+  const int64_t nb = w.n_blocks;
+  const size_t f = w.super_index(g, sup);
+  const __m512 sc = _mm512_loadu_ps(w.scale.data() + f);
+  for (int t = 0; t < nt; ++t) {
+    const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
+    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+  }
+  if constexpr (kMins) {
+    for (int t = 0; t < nt; ++t) isum[t] = _mm512_setzero_si512();  // now the mins' sums
+    for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+      const __m512i mlo = widen16(w.min.data() + w.int_index(g, b));
+      const __m512i mp = pair16(mlo, w.split ? widen16(w.min.data() + w.int_index(g, b) + kPackRows) : mlo);
+      for (int t = 0; t < nt; ++t)
+        isum[t] = _mm512_dpwssd_epi32(isum[t], mp, _mm512_set1_epi32(x.pairs[(t0 + t) * nb + b]));
+    }
+    const __m512 nm = _mm512_loadu_ps(w.neg_min.data() + f);
+    for (int t = 0; t < nt; ++t) {
+      const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(nm, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+    }
   }
 }
 
@@ -97,74 +175,51 @@ void store_rows(const PackedWeights& w, int64_t g, int64_t t0, int nt, const __m
   for (int t = 0; t < nt; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
 }
 
-// Plain types: the product of block b + 1 runs on the tile unit while block b's sums are scaled.
-template <bool kNib, bool kPlane, bool kMins>
-void tile16_plain(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, int nt, float* y) {
-  alignas(64) uint8_t wbuf[2][512];
-  alignas(64) int32_t s[kTileTokens][16];
+// 16 tokens x one group: the product of block b + 1 is issued before block b's sums are read.
+template <bool kSplit, int kSub, bool kMins>
+void tile16(const PackedWeights& w, const PackedActs& x, const uint8_t* wq, int64_t g, int64_t t0, int nt, float* y) {
+  alignas(64) int32_t s[2][kTileTokens][16];
   __m512 acc[kTileTokens];
+  __m512i isum[kTileTokens];
   for (int t = 0; t < kTileTokens; ++t) acc[t] = _mm512_setzero_ps();
   const int64_t nb = w.n_blocks;
-  auto issue = [&](int64_t b) {
-    const uint8_t* wb = block_bytes<kNib, kPlane>(w.block(g, b), wbuf[b & 1]);
-    const int8_t* xa = x.row(t0) + b * kPackBlock;
-    if (b & 1) {
-      _tile_zero(1);
-      _tile_loadd(3, xa, x.cols);
-      _tile_loadd(5, wb, 64);
-      _tile_dpbsud(1, 3, 5);
-    } else {
-      _tile_zero(0);
-      _tile_loadd(2, xa, x.cols);
-      _tile_loadd(4, wb, 64);
-      _tile_dpbsud(0, 2, 4);
+  issue<kSplit>(x, wq, t0, 0);
+  for (int64_t sup = 0; sup < w.n_super; ++sup) {
+    for (int t = 0; t < kTileTokens; ++t) isum[t] = _mm512_setzero_si512();
+    for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+      if (b + 1 < nb) issue<kSplit>(x, wq, t0, b + 1);
+      if (kSplit && (b & 1)) {
+        _tile_stored(2, s[0], 64);
+        _tile_stored(3, s[1], 64);
+      } else if (kSplit) {
+        _tile_stored(0, s[0], 64);
+        _tile_stored(1, s[1], 64);
+      } else if (b & 1) {
+        _tile_stored(1, s[0], 64);
+      } else {
+        _tile_stored(0, s[0], 64);
+      }
+      add_block<kSub>(w, x, g, b, t0, nt, s, isum);
     }
-  };
-  issue(0);
-  for (int64_t b = 0; b < nb; ++b) {
-    if (b + 1 < nb) issue(b + 1);
-    if (b & 1) _tile_stored(1, s, 64);
-    else _tile_stored(0, s, 64);
-    accumulate<false, kMins>(w, x, g, b, t0, nt, s, nullptr, acc);
+    finish_super<kMins>(w, x, g, sup, t0, nt, isum, acc);
   }
   store_rows(w, g, t0, nt, acc, y);
 }
 
-// Split types (Q6_K): two half-depth products per block.
-void tile16_split(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, int nt, float* y) {
-  alignas(64) int32_t s0[kTileTokens][16], s1[kTileTokens][16];
-  __m512 acc[kTileTokens];
-  for (int t = 0; t < kTileTokens; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < w.n_blocks; ++b) {
-    const uint8_t* wb = w.block(g, b);
-    const int8_t* xa = x.row(t0) + b * kPackBlock;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_loadd(4, xa, x.cols);
-    _tile_loadd(5, xa + 16, x.cols);
-    _tile_loadd(6, wb, 64);
-    _tile_loadd(7, wb + 256, 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbsud(1, 5, 7);
-    _tile_stored(0, s0, 64);
-    _tile_stored(1, s1, 64);
-    accumulate<true, false>(w, x, g, b, t0, nt, s0, s1, acc);
-  }
-  store_rows(w, g, t0, nt, acc, y);
-}
-
-template <bool kNib, bool kPlane, bool kMins>
-void run_plain(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  configure_tiles(Tiles::Plain);
-  for (int64_t g = g0; g < g1; ++g)
+template <bool kNib, bool kPlane, int kSub, bool kMins>
+void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
+  constexpr bool kSplit = kSub == 2;
+  configure_tiles(kSplit ? Tiles::Split : Tiles::Plain);
+  uint8_t* widened = kNib ? widen_buffer(size_t(w.n_blocks) * 512) : nullptr;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* wq = w.block(g, 0);
+    if constexpr (kNib) {
+      for (int64_t b = 0; b < w.n_blocks; ++b) widen_block<kNib, kPlane>(w.block(g, b), widened + 512 * b);
+      wq = widened;
+    }
     for (int64_t t = t0; t < t1; t += kTileTokens)
-      tile16_plain<kNib, kPlane, kMins>(w, x, g, t, int(t1 - t < kTileTokens ? t1 - t : kTileTokens), y);
-}
-
-void run_split(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  configure_tiles(Tiles::Split);
-  for (int64_t g = g0; g < g1; ++g)
-    for (int64_t t = t0; t < t1; t += kTileTokens) tile16_split(w, x, g, t, int(t1 - t < kTileTokens ? t1 - t : kTileTokens), y);
+      tile16<kSplit, kSub, kMins>(w, x, wq, g, t, int(t1 - t < kTileTokens ? t1 - t : kTileTokens), y);
+  }
 }
 
 }  // namespace
@@ -172,10 +227,19 @@ void run_split(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t 
 void packed_gemm_amx(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                      float* y) {
   if (t1 - t0 < kMinTokens) return packed_gemm_avx512(w, x, g0, g1, t0, t1, y);
-  if (w.split) return run_split(w, x, g0, g1, t0, t1, y);
-  if (w.nibbles && w.plane) return w.mins ? run_plain<true, true, true>(w, x, g0, g1, t0, t1, y) : run_plain<true, true, false>(w, x, g0, g1, t0, t1, y);
-  if (w.nibbles) return w.mins ? run_plain<true, false, true>(w, x, g0, g1, t0, t1, y) : run_plain<true, false, false>(w, x, g0, g1, t0, t1, y);
-  return run_plain<false, false, false>(w, x, g0, g1, t0, t1, y);
+  switch (w.source) {  // the layouts of packed.cpp's table
+    case DType::Q4_0: return run<true, false, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q4_1: return run<true, false, 0, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_0: return run<true, true, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_1: return run<true, true, 0, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q8_0: return run<false, false, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q2_K: return run<true, false, 2, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q3_K: return run<true, false, 2, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q4_K: return run<true, false, 1, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_K: return run<true, true, 1, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q6_K: return run<false, false, 2, false>(w, x, g0, g1, t0, t1, y);
+    default: std::abort();  // pack_weights packs only these
+  }
 }
 
 }  // namespace serval::cpu

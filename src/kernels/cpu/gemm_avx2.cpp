@@ -4,6 +4,7 @@
 // activation, which gives the same integer S - 128 * sum(x). Compiled with this level's flags only.
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/packed.h"
@@ -57,40 +58,76 @@ inline void load_half(const uint8_t* blk, int h, __m256i* v) {
   }
 }
 
-template <int NT, bool kNib, bool kPlane, bool kSplit, bool kMins, bool kSigned>
+// 8 rows' int8 sub-scales or mins as int32, and a (lo, hi) int16 pair per row for VPMADDWD.
+inline __m256i widen8(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i pair16(__m256i lo, __m256i hi) {
+  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
+
+template <bool kSigned>
+inline __m256i dot16(const __m256i* v, const int8_t* xq) {
+  __m256i s = dot4<kSigned>(v[0], bcast4(xq));
+  for (int k = 1; k < 4; ++k) s = _mm256_add_epi32(s, dot4<kSigned>(v[k], bcast4(xq + 4 * k)));
+  return s;
+}
+
+// One half (8 rows) of a group; kSub as in gemm_avx512.cpp. kSigned: 8-bit values (Q8_0), whose
+// signed products already are S - 128 * sum(x).
+template <int NT, bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned>
 void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   const int64_t nb = w.n_blocks;
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i v[8];
-    load_half<kNib, kPlane>(w.block(g, b), h, v);
-    const size_t i = w.index(g, b) + 8 * h;
-    const __m256 sc = _mm256_loadu_ps(w.scale.data() + i);
-    __m256 nm = _mm256_setzero_ps();
-    __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
-    if constexpr (kMins) nm = _mm256_loadu_ps(w.neg_min.data() + i);
-    if constexpr (kSplit) {
-      slo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub.data() + 2 * w.index(g, b) + 8 * h));
-      shi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub.data() + 2 * w.index(g, b) + kPackRows + 8 * h));
+  const int32_t* pairs = x.pairs.data() + t0 * nb;
+  for (int64_t sup = 0; sup < w.n_super; ++sup) {
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+      __m256i v[8];
+      load_half<kNib, kPlane>(w.block(g, b), h, v);
+      __m256i slo = _mm256_setzero_si256(), shi = slo, offp = slo;
+      if constexpr (kSub >= 1) slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
+      if constexpr (kSub == 2) {
+        shi = widen8(w.sub.data() + w.int_index(g, b) + kPackRows + 8 * h);
+        const __m256i neg_off = _mm256_set1_epi32(-w.offset);
+        offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
+      }
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
+        if constexpr (kSub == 2) {
+          const __m256i lo = dot16<kSigned>(v, xq), hi = dot16<kSigned>(v + 4, xq + 16);
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_mullo_epi32(slo, lo), _mm256_mullo_epi32(shi, hi)));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(offp, _mm256_set1_epi32(pairs[t * nb + b])));
+        } else {
+          __m256i sum = _mm256_add_epi32(dot16<kSigned>(v, xq), dot16<kSigned>(v + 4, xq + 16));
+          if constexpr (!kSigned) {
+            const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
+            sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(w.offset * (xs[0] + xs[1])));
+          }
+          isum[t] = _mm256_add_epi32(isum[t], kSub == 1 ? _mm256_mullo_epi32(slo, sum) : sum);
+        }
+      }
     }
+    const size_t f = w.super_index(g, sup) + 8 * h;
+    const __m256 sc = _mm256_loadu_ps(w.scale.data() + f);
     for (int t = 0; t < NT; ++t) {
-      const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
-      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-      __m256i lo = dot4<kSigned>(v[0], bcast4(xq)), hi = dot4<kSigned>(v[4], bcast4(xq + 16));
-      for (int k = 1; k < 4; ++k) {
-        lo = _mm256_add_epi32(lo, dot4<kSigned>(v[k], bcast4(xq + 4 * k)));
-        hi = _mm256_add_epi32(hi, dot4<kSigned>(v[k + 4], bcast4(xq + 16 + 4 * k)));
+      const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    }
+    if constexpr (kMins) {
+      __m256i msum[NT];
+      for (int t = 0; t < NT; ++t) msum[t] = _mm256_setzero_si256();
+      for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+        const __m256i mlo = widen8(w.min.data() + w.int_index(g, b) + 8 * h);
+        const __m256i mp = pair16(mlo, w.split ? widen8(w.min.data() + w.int_index(g, b) + kPackRows + 8 * h) : mlo);
+        for (int t = 0; t < NT; ++t)
+          msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[t * nb + b])));
       }
-      if constexpr (!kSigned) {  // signed products already are S - 128 * sum(x)
-        lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(w.offset * xs[0]));
-        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(w.offset * xs[1]));
+      const __m256 nm = _mm256_loadu_ps(w.neg_min.data() + f);
+      for (int t = 0; t < NT; ++t) {
+        const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(nm, xd), _mm256_cvtepi32_ps(msum[t]), acc[t]);
       }
-      const __m256i isum = kSplit ? _mm256_add_epi32(_mm256_mullo_epi32(slo, lo), _mm256_mullo_epi32(shi, hi))
-                                  : _mm256_add_epi32(lo, hi);
-      const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(isum), acc[t]);
-      if constexpr (kMins) acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(nm, xd), _mm256_set1_ps(float(xs[0] + xs[1])), acc[t]);
     }
   }
   const int64_t r0 = g * kPackRows + 8 * h;
@@ -101,13 +138,13 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
   }
 }
 
-template <bool kNib, bool kPlane, bool kSplit, bool kMins, bool kSigned>
+template <bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned = false>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int, int64_t, float*);
-  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSplit, kMins, kSigned>,
-                                                  tile_half<2, kNib, kPlane, kSplit, kMins, kSigned>,
-                                                  tile_half<3, kNib, kPlane, kSplit, kMins, kSigned>,
-                                                  tile_half<4, kNib, kPlane, kSplit, kMins, kSigned>};
+  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSub, kMins, kSigned>,
+                                                  tile_half<2, kNib, kPlane, kSub, kMins, kSigned>,
+                                                  tile_half<3, kNib, kPlane, kSub, kMins, kSigned>,
+                                                  tile_half<4, kNib, kPlane, kSub, kMins, kSigned>};
   for (int64_t g = g0; g < g1; ++g)
     for (int h = 0; h < 2; ++h) {
       if (g * kPackRows + 8 * h >= w.rows) break;
@@ -119,10 +156,19 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
 
 void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                       float* y) {
-  if (w.nibbles && w.plane) return w.mins ? run<true, true, false, true, false>(w, x, g0, g1, t0, t1, y) : run<true, true, false, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.nibbles) return w.mins ? run<true, false, false, true, false>(w, x, g0, g1, t0, t1, y) : run<true, false, false, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.split) return run<false, false, true, false, false>(w, x, g0, g1, t0, t1, y);
-  return run<false, false, false, false, true>(w, x, g0, g1, t0, t1, y);  // Q8_0: 8-bit values, offset 128
+  switch (w.source) {  // the layouts of packed.cpp's table
+    case DType::Q4_0: return run<true, false, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q4_1: return run<true, false, 0, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_0: return run<true, true, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_1: return run<true, true, 0, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q8_0: return run<false, false, 0, false, true>(w, x, g0, g1, t0, t1, y);  // offset 128, signed
+    case DType::Q2_K: return run<true, false, 2, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q3_K: return run<true, false, 2, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q4_K: return run<true, false, 1, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_K: return run<true, true, 1, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q6_K: return run<false, false, 2, false>(w, x, g0, g1, t0, t1, y);
+    default: std::abort();  // pack_weights packs only these
+  }
 }
 
 }  // namespace serval::cpu

@@ -3,6 +3,7 @@
 // The operations per (row, token, block) are those of packed.h, in the same order.
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/packed.h"
@@ -40,39 +41,71 @@ inline void load_block(const uint8_t* blk, __m512i* v) {
   }
 }
 
-template <int NT, bool kNib, bool kPlane, bool kSplit, bool kMins>
+// 16 rows' int8 sub-scales or mins (one vector of 16 bytes) as int32.
+inline __m512i widen16(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// Per row, (lo, hi) as an int16 pair: the operand VPDPWSSD multiplies with an activation's half sums.
+inline __m512i pair16(__m512i lo, __m512i hi) {
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+// 4 products per row of 4 weight vectors with 16 activation bytes, added to `acc`.
+inline __m512i dot16(__m512i acc, const __m512i* v, const int8_t* xq) {
+  for (int k = 0; k < 4; ++k) acc = _mm512_dpbusd_epi32(acc, v[k], bcast4(xq + 4 * k));
+  return acc;
+}
+
+// kSub: 0 without sub-scales, 1 one per block, 2 one per half (packed.h).
+template <int NT, bool kNib, bool kPlane, int kSub, bool kMins>
 void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, float* y) {
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const int64_t nb = w.n_blocks;
-  for (int64_t b = 0; b < nb; ++b) {
-    __m512i v[8];
-    load_block<kNib, kPlane>(w.block(g, b), v);
-    const size_t i = w.index(g, b);
-    const __m512 sc = _mm512_loadu_ps(w.scale.data() + i);
-    __m512 nm = _mm512_setzero_ps();
-    __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
-    if constexpr (kMins) nm = _mm512_loadu_ps(w.neg_min.data() + i);
-    if constexpr (kSplit) {
-      slo = _mm512_loadu_si512(w.sub.data() + 2 * i);
-      shi = _mm512_loadu_si512(w.sub.data() + 2 * i + kPackRows);
-    }
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
-      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-      __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], bcast4(xq));
-      __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[4], bcast4(xq + 16));
-      for (int k = 1; k < 4; ++k) {
-        lo = _mm512_dpbusd_epi32(lo, v[k], bcast4(xq + 4 * k));
-        hi = _mm512_dpbusd_epi32(hi, v[k + 4], bcast4(xq + 16 + 4 * k));
+  const int32_t* pairs = x.pairs.data() + t0 * nb;
+  for (int64_t sup = 0; sup < w.n_super; ++sup) {
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+      __m512i v[8];
+      load_block<kNib, kPlane>(w.block(g, b), v);
+      __m512i slo = _mm512_setzero_si512(), shi = slo, offp = slo;
+      if constexpr (kSub >= 1) slo = widen16(w.sub.data() + w.int_index(g, b));
+      if constexpr (kSub == 2) {
+        shi = widen16(w.sub.data() + w.int_index(g, b) + kPackRows);
+        const __m512i neg_off = _mm512_set1_epi32(-w.offset);
+        offp = pair16(_mm512_mullo_epi32(slo, neg_off), _mm512_mullo_epi32(shi, neg_off));
       }
-      lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(w.offset * xs[0]));
-      hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(w.offset * xs[1]));
-      const __m512i isum = kSplit ? _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi))
-                                  : _mm512_add_epi32(lo, hi);
-      const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + b]);
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum), acc[t]);
-      if constexpr (kMins) acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(nm, xd), _mm512_set1_ps(float(xs[0] + xs[1])), acc[t]);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
+        if constexpr (kSub == 2) {
+          const __m512i lo = dot16(_mm512_setzero_si512(), v, xq), hi = dot16(_mm512_setzero_si512(), v + 4, xq + 16);
+          isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi)));
+          isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(pairs[t * nb + b]));
+        } else {
+          const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
+          __m512i sum = dot16(dot16(_mm512_set1_epi32(-w.offset * (xs[0] + xs[1])), v, xq), v + 4, xq + 16);
+          isum[t] = _mm512_add_epi32(isum[t], kSub == 1 ? _mm512_mullo_epi32(slo, sum) : sum);
+        }
+      }
+    }
+    const size_t f = w.super_index(g, sup);
+    const __m512 sc = _mm512_loadu_ps(w.scale.data() + f);
+    for (int t = 0; t < NT; ++t) {
+      const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+    }
+    if constexpr (kMins) {
+      __m512i msum[NT];
+      for (int t = 0; t < NT; ++t) msum[t] = _mm512_setzero_si512();
+      for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+        const __m512i mlo = widen16(w.min.data() + w.int_index(g, b));
+        const __m512i mp = pair16(mlo, w.split ? widen16(w.min.data() + w.int_index(g, b) + kPackRows) : mlo);
+        for (int t = 0; t < NT; ++t) msum[t] = _mm512_dpwssd_epi32(msum[t], mp, _mm512_set1_epi32(pairs[t * nb + b]));
+      }
+      const __m512 nm = _mm512_loadu_ps(w.neg_min.data() + f);
+      for (int t = 0; t < NT; ++t) {
+        const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(nm, xd), _mm512_cvtepi32_ps(msum[t]), acc[t]);
+      }
     }
   }
   const int64_t r0 = g * kPackRows;
@@ -81,19 +114,19 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
 }
 
-template <bool kNib, bool kPlane, bool kSplit, bool kMins>
+template <bool kNib, bool kPlane, int kSub, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
   static constexpr TileFn kTiles[kMaxTile + 1] = {
       nullptr,
-      tile<1, kNib, kPlane, kSplit, kMins>,
-      tile<2, kNib, kPlane, kSplit, kMins>,
-      tile<3, kNib, kPlane, kSplit, kMins>,
-      tile<4, kNib, kPlane, kSplit, kMins>,
-      tile<5, kNib, kPlane, kSplit, kMins>,
-      tile<6, kNib, kPlane, kSplit, kMins>,
-      tile<7, kNib, kPlane, kSplit, kMins>,
-      tile<8, kNib, kPlane, kSplit, kMins>};
+      tile<1, kNib, kPlane, kSub, kMins>,
+      tile<2, kNib, kPlane, kSub, kMins>,
+      tile<3, kNib, kPlane, kSub, kMins>,
+      tile<4, kNib, kPlane, kSub, kMins>,
+      tile<5, kNib, kPlane, kSub, kMins>,
+      tile<6, kNib, kPlane, kSub, kMins>,
+      tile<7, kNib, kPlane, kSub, kMins>,
+      tile<8, kNib, kPlane, kSub, kMins>};
   for (int64_t g = g0; g < g1; ++g)
     for (int64_t t = t0; t < t1; t += kMaxTile) kTiles[t1 - t < kMaxTile ? t1 - t : kMaxTile](w, x, g, t, y);
 }
@@ -154,12 +187,19 @@ void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t*
 
 void packed_gemm_avx512(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                         float* y) {
-  // The layouts of the packable types: Q4_0, Q5_0, Q4_K, Q5_K (nibbles, with a plane for 5 bits),
-  // Q8_0 (bytes), Q6_K (bytes, split scales).
-  if (w.nibbles && w.plane) return w.mins ? run<true, true, false, true>(w, x, g0, g1, t0, t1, y) : run<true, true, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.nibbles) return w.mins ? run<true, false, false, true>(w, x, g0, g1, t0, t1, y) : run<true, false, false, false>(w, x, g0, g1, t0, t1, y);
-  if (w.split) return run<false, false, true, false>(w, x, g0, g1, t0, t1, y);
-  return run<false, false, false, false>(w, x, g0, g1, t0, t1, y);
+  switch (w.source) {  // the layouts of packed.cpp's table
+    case DType::Q4_0: return run<true, false, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q4_1: return run<true, false, 0, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_0: return run<true, true, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_1: return run<true, true, 0, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q8_0: return run<false, false, 0, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q2_K: return run<true, false, 2, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q3_K: return run<true, false, 2, false>(w, x, g0, g1, t0, t1, y);
+    case DType::Q4_K: return run<true, false, 1, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q5_K: return run<true, true, 1, true>(w, x, g0, g1, t0, t1, y);
+    case DType::Q6_K: return run<false, false, 2, false>(w, x, g0, g1, t0, t1, y);
+    default: std::abort();  // pack_weights packs only these
+  }
 }
 
 }  // namespace serval::cpu

@@ -22,15 +22,23 @@ float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int
   const float* xd = x.d.data() + t * x.n_blocks;
   const int32_t* xs = x.sums.data() + t * x.n_blocks * 2;
   float acc = 0.0f;
-  for (int64_t b = 0; b < w.n_blocks; ++b) {
-    const uint8_t* blk = w.block(g, b);
-    int32_t s[2] = {0, 0};
-    for (int k = 0; k < kPackBlock; ++k) s[k / 16] += value_at(w, blk, r, k) * xq[b * kPackBlock + k];
-    const int32_t lo = s[0] - w.offset * xs[2 * b], hi = s[1] - w.offset * xs[2 * b + 1];
-    const size_t i = w.index(g, b);
-    const int32_t isum = w.split ? w.sub[2 * i + r] * lo + w.sub[2 * i + kPackRows + r] * hi : lo + hi;
-    acc = std::fma(w.scale[i + r] * xd[b], float(isum), acc);
-    if (w.mins) acc = std::fma(w.neg_min[i + r] * xd[b], float(xs[2 * b] + xs[2 * b + 1]), acc);
+  for (int64_t sup = 0; sup < w.n_super; ++sup) {
+    int32_t isum = 0, msum = 0;
+    for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
+      const uint8_t* blk = w.block(g, b);
+      int32_t s[2] = {0, 0};
+      for (int k = 0; k < kPackBlock; ++k) s[k / 16] += value_at(w, blk, r, k) * xq[b * kPackBlock + k];
+      for (int h = 0; h < 2; ++h) {
+        const size_t i = w.int_index(g, b) + (w.split ? h : 0) * kPackRows + r;
+        const int32_t part = s[h] - w.offset * xs[2 * b + h];
+        isum += w.has_sub ? w.sub[i] * part : part;
+        if (w.mins) msum += w.min[i] * xs[2 * b + h];
+      }
+    }
+    const size_t f = w.super_index(g, sup) + r;
+    const float d = xd[sup * w.sb];
+    acc = std::fma(w.scale[f] * d, float(isum), acc);
+    if (w.mins) acc = std::fma(w.neg_min[f] * d, float(msum), acc);
   }
   return acc;
 }

@@ -3,20 +3,26 @@
 // Rows are interleaved in groups of kPackRows = 16 and K is cut into blocks of 32. For one group and
 // one block, the 16 x 32 integer weights are stored as 8 vectors of 64 bytes; vector k4 holds, for
 // each row r, its 4 values 4*k4 .. 4*k4+3 at bytes 4r .. 4r+3: one VPDPBUSD with a broadcast of 4
-// activation bytes adds 4 products to each of the 16 rows' sums. 4-bit types keep two values per
-// byte (256 bytes per group and block: vector j carries k4 = j in its low nibbles, k4 = j + 4 in its
-// high nibbles). 5-bit types add a bit plane after the nibbles: 8 64-bit masks, bit j of mask k4 being
-// the fifth bit of byte j of vector k4 (320 bytes per group and block). Every value is unsigned (u);
-// the type's meaning is restored by an offset or a min.
+// activation bytes adds 4 products to each of the 16 rows' sums. Types of up to 4 bits keep two values
+// per byte (256 bytes per group and block: vector j carries k4 = j in its low nibbles, k4 = j + 4 in
+// its high nibbles). 5-bit types add a bit plane after the nibbles: 8 64-bit masks, bit j of mask k4
+// being the fifth bit of byte j of vector k4 (320 bytes per group and block). 6- and 8-bit types keep
+// one value per byte (512 bytes). Every value is unsigned (u); the type's meaning is restored by an
+// offset, integer sub-scales and mins.
 //
-// Per (row, token, block) the integer sum S = sum(u * x) is exact, and the float arithmetic is fixed:
-//   plain:  isum = S - offset * sum(x)
-//   split:  isum = sub_lo * (S_lo - offset * sum_lo(x)) + sub_hi * (S_hi - offset * sum_hi(x))
-//           (16-value sub-blocks with integer scales: Q6_K)
-//   acc = fma(scale * xd, float(isum), acc)           then, with mins:
-//   acc = fma(neg_min * xd, float(sum(x)), acc)
-// in block order, acc starting at 0. Every ISA level and the scalar code do exactly these operations,
-// so they agree bitwise, and a token's result never depends on the other tokens of the call.
+// Blocks form super-blocks of `sb` blocks (1, or 8 for the k-quants, whose GGUF blocks hold 256
+// values) with one float scale (and float min scale) per (row, super-block). Inside a super-block the
+// k-quants have small integer sub-scales and mins, per block or, for `split` types, per 16-value half
+// h. Per (row, token, block b, half h) the integer sum S = sum(u * x) is exact, and for each
+// super-block the arithmetic is fixed:
+//   I = sum over b, h of sub(b,h) * (S(b,h) - offset * sum_h(x))      (sub = 1 without sub-scales)
+//   M = sum over b, h of min(b,h) * sum_h(x)                          (with mins; min = 1 for Q4_1/Q5_1)
+//   acc = fma(scale * xd, float(I), acc)                              then, with mins:
+//   acc = fma(neg_min * xd, float(M), acc)
+// in super-block order, acc starting at 0 (xd is the activation scale of the super-block; I and M
+// cannot overflow int32 for the packed types). Integer sums are exact in any order, and every ISA
+// level and the scalar code do exactly these float operations, so they agree bitwise, and a token's
+// result never depends on the other tokens of the call.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,36 +45,44 @@ struct AlignedFree {
 
 struct PackedWeights {
   DType source = DType::F32;  // the GGUF type the values came from
-  bool nibbles = false;       // two 4-bit values per byte; otherwise one byte per value
+  bool nibbles = false;       // two values of up to 4 bits per byte; otherwise one byte per value
   bool plane = false;         // with nibbles: a fifth bit per value in a bit plane
-  bool split = false;         // integer scales per 16-value half (sub_lo / sub_hi)
-  bool mins = false;          // a float min per (row, block)
+  bool has_sub = false;       // integer sub-scales inside a super-block (k-quants)
+  bool split = false;         // sub-scales and mins per 16-value half rather than per block
+  bool mins = false;          // a float min scale per (row, super-block) and integer mins
   int offset = 0;             // subtracted from every value (in integers)
-  int64_t rows = 0, cols = 0, n_groups = 0, n_blocks = 0;
+  int sb = 1;                 // blocks per super-block
+  int64_t rows = 0, cols = 0, n_groups = 0, n_blocks = 0, n_super = 0;
   std::unique_ptr<uint8_t[], AlignedFree> q;  // [group][block][block_bytes()], 64-byte aligned
-  std::vector<float> scale;                   // [group][block][16]
-  std::vector<float> neg_min;                 // [group][block][16] when mins
-  std::vector<int32_t> sub;                   // [group][block][2][16] when split: lo then hi
+  std::vector<float> scale;                   // [group][super][16]
+  std::vector<float> neg_min;                 // [group][super][16] when mins
+  std::vector<int8_t> sub;                    // [group][block][halves()][16] when has_sub
+  std::vector<int8_t> min;                    // [group][block][halves()][16] when mins
 
+  int halves() const { return split ? 2 : 1; }
   size_t block_bytes() const { return nibbles ? (plane ? 320 : 256) : 512; }
   const uint8_t* block(int64_t g, int64_t b) const { return q.get() + (g * n_blocks + b) * block_bytes(); }
-  size_t index(int64_t g, int64_t b) const { return size_t(g * n_blocks + b) * kPackRows; }
+  // Offsets of a (group, block)'s 16 x halves() sub-scales or mins, and of a (group, super)'s floats.
+  size_t int_index(int64_t g, int64_t b) const { return size_t(g * n_blocks + b) * kPackRows * halves(); }
+  size_t super_index(int64_t g, int64_t s) const { return size_t(g * n_super + s) * kPackRows; }
   size_t bytes() const;
 };
 
-// Whether `type` has a packed layout (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
+// Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
 bool packable(DType type);
 // Repacks a matrix of a packable type; rows need not be a multiple of 16 (the last group is padded
 // with zero scales). Runs on the compute pool.
 std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w);
 
 // Activations of n_tok rows, quantized as the weight type is multiplied with (act_quant.h: Q8_0 for
-// the 32-blocks types, Q8_K for k-quants), in the layout the packed kernels read.
+// the 32-blocks types (Q8_1 has the same values), Q8_K for k-quants), in the layout the packed kernels
+// read.
 struct PackedActs {
   int64_t n_tok = 0, cols = 0, n_blocks = 0;
   std::vector<int8_t> qs;      // [n_tok rounded up to 16][cols]: rows past n_tok are zero (AMX tiles)
   std::vector<float> d;        // [n_tok][n_blocks]
   std::vector<int32_t> sums;   // [n_tok][n_blocks][2]: sums of the two 16-value halves of each block
+  std::vector<int32_t> pairs;  // [n_tok][n_blocks]: the two sums as int16 (low half first), for VPDPWSSD
 
   const int8_t* row(int64_t t) const { return qs.data() + t * cols; }
 };
