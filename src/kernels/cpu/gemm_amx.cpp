@@ -4,7 +4,7 @@
 // and call, for all the token tiles. Split types (per-half sub-scales) take two half-depth products.
 // The product of block b + 1 runs on the tile unit while block b's exact integer sums go through the
 // integer and float steps of packed.h in AVX-512, so results are bitwise those of the other levels.
-// Fewer than kMinTokens tokens use the AVX-512 kernel (the same results; tiles do not pay for so few).
+// Fewer than kAmxMinTokens tokens use the AVX-512 kernel (the same results; tiles do not pay for so few).
 #include <immintrin.h>
 
 #include <cstdlib>
@@ -17,7 +17,6 @@ namespace serval::cpu {
 namespace {
 
 constexpr int kTileTokens = 16;
-constexpr int64_t kMinTokens = 4;
 
 // The calling thread's buffer for widened weights: 64-byte aligned, grown when needed.
 uint8_t* widen_buffer(size_t bytes) {
@@ -86,11 +85,11 @@ inline __m512i pair16(__m512i lo, __m512i hi) {
 // Starts the tile products of block b: `wq` is the group's bytes (512 per block).
 template <bool kSplit>
 inline void issue(const PackedActs& x, const uint8_t* wq, int64_t t0, int64_t b) {
-  const int8_t* xa = x.row(t0) + b * kPackBlock;
+  const int8_t* xa = x.tiled.data() + ((t0 / kTileTokens) * x.n_blocks + b) * (kTileTokens * kPackBlock);
   const uint8_t* wb = wq + 512 * b;
   if constexpr (kSplit) {
-    _tile_loadd(4, xa, x.cols);
-    _tile_loadd(5, xa + 16, x.cols);
+    _tile_loadd(4, xa, kPackBlock);
+    _tile_loadd(5, xa + 16, kPackBlock);
     _tile_loadd(6, wb, 64);
     _tile_loadd(7, wb + 256, 64);
     if (b & 1) {
@@ -106,12 +105,12 @@ inline void issue(const PackedActs& x, const uint8_t* wq, int64_t t0, int64_t b)
     }
   } else if (b & 1) {
     _tile_zero(1);
-    _tile_loadd(3, xa, x.cols);
+    _tile_loadd(3, xa, kPackBlock);
     _tile_loadd(5, wb, 64);
     _tile_dpbsud(1, 3, 5);
   } else {
     _tile_zero(0);
-    _tile_loadd(2, xa, x.cols);
+    _tile_loadd(2, xa, kPackBlock);
     _tile_loadd(4, wb, 64);
     _tile_dpbsud(0, 2, 4);
   }
@@ -226,7 +225,9 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
 
 void packed_gemm_amx(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                      float* y) {
-  if (t1 - t0 < kMinTokens) return packed_gemm_avx512(w, x, g0, g1, t0, t1, y);
+  // The tiled activations exist when the call quantized at this level (always, through cpu::matmul);
+  // the AVX-512 kernel gives the same bits otherwise.
+  if (t1 - t0 < kAmxMinTokens || x.tiled.empty() || t0 % kTileTokens != 0) return packed_gemm_avx512(w, x, g0, g1, t0, t1, y);
   switch (w.source) {  // the layouts of packed.cpp's table
     case DType::Q4_0: return run<true, false, 0, false>(w, x, g0, g1, t0, t1, y);
     case DType::Q4_1: return run<true, false, 0, true>(w, x, g0, g1, t0, t1, y);

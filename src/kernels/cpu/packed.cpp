@@ -45,21 +45,25 @@ const TypeLayout* layout_of(DType t) {
 // One GGUF block of a row: its values into u (unsigned, offset added) and the meta of its blocks of 32.
 void unpack_unit(const TypeLayout& l, const uint8_t* src, uint8_t* u, BlockMeta* m) {
   const int max_u = l.nibbles ? (l.plane ? 31 : 15) : 255;
-  auto put = [&](int i, int q) {
-    const int v = q + l.offset;
-    check(v >= 0 && v <= max_u, "internal: a value does not fit its packed layout");
-    u[i] = uint8_t(v);
+  auto put = [&](const int8_t* q, int n) {
+    bool fits = true;
+    for (int i = 0; i < n; ++i) {
+      const int v = q[i] + l.offset;
+      fits &= v >= 0 && v <= max_u;
+      u[i] = uint8_t(v);
+    }
+    check(fits, "internal: a value does not fit its packed layout");
   };
   if (!is_kquant(l.type)) {
     Block32 b;
     unpack_block32(l.type, src, b);
-    for (int i = 0; i < 32; ++i) put(i, b.q[i]);
+    put(b.q, 32);
     m->scale = b.d, m->neg_min = b.m;
     return;
   }
   BlockK b;
   unpack_block_k(l.type, src, b);
-  for (int i = 0; i < 256; ++i) put(i, b.q[i]);
+  put(b.q, 256);
   for (int j = 0; j < 8; ++j) {
     m[j].scale = b.d, m[j].neg_min = -b.dmin;
     for (int h = 0; h < 2; ++h) {
@@ -147,10 +151,23 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w) {
   return p;
 }
 
+// The AMX A operands: each 16 tokens' 32 bytes of a block, contiguous.
+static void tile_acts(PackedActs& a) {
+  const int64_t n_tiles = (a.n_tok + 15) / 16;
+  a.tiled.resize(size_t(n_tiles * a.n_blocks) * 16 * kPackBlock);
+  parallel_for(n_tiles, [&](int64_t tile) {
+    int8_t* dst = a.tiled.data() + size_t(tile * a.n_blocks) * 16 * kPackBlock;
+    for (int64_t b = 0; b < a.n_blocks; ++b)
+      for (int r = 0; r < 16; ++r, dst += kPackBlock) std::memcpy(dst, a.row(tile * 16 + r) + b * kPackBlock, kPackBlock);
+  });
+}
+
 // The two half sums of each block as int16 in one int32 (|sum| <= 16 * 127 fits).
 static void pair_sums(PackedActs& a) {
   for (size_t i = 0; i < a.pairs.size(); ++i)
     a.pairs[i] = int32_t(uint32_t(uint16_t(a.sums[2 * i])) | (uint32_t(uint16_t(a.sums[2 * i + 1])) << 16));
+  a.tiled.clear();
+  if (active_isa() == Isa::Amx && a.n_tok >= kAmxMinTokens) tile_acts(a);
 }
 
 void quantize_packed_acts(DType weight_type, const float* x, int64_t cols, int64_t n_tok, PackedActs& out) {

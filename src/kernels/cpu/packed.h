@@ -38,6 +38,8 @@ namespace cpu {
 
 constexpr int kPackRows = 16;
 constexpr int kPackBlock = 32;
+// Calls with fewer tokens than this run the AVX-512 kernel at the AMX level (tiles do not pay).
+constexpr int64_t kAmxMinTokens = 4;
 
 struct AlignedFree {
   void operator()(void* p) const;
@@ -83,6 +85,9 @@ struct PackedActs {
   std::vector<float> d;        // [n_tok][n_blocks]
   std::vector<int32_t> sums;   // [n_tok][n_blocks][2]: sums of the two 16-value halves of each block
   std::vector<int32_t> pairs;  // [n_tok][n_blocks]: the two sums as int16 (low half first), for VPDPWSSD
+  // At the AMX level (and at least kAmxMinTokens tokens): qs again as [tile of 16 tokens][block][16][32],
+  // so that a tile's A operand is 512 contiguous bytes. Empty otherwise.
+  std::vector<int8_t> tiled;
 
   const int8_t* row(int64_t t) const { return qs.data() + t * cols; }
 };
