@@ -145,6 +145,7 @@ void sampling_from(const json& b, GenJob& job, const ApiContext& ctx) {
   else s.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   logit_bias_from(b, s);
   if (job.logprobs > 0) s.n_logprobs = job.logprobs;
+  s.compute_logprob = job.logprobs >= 0;  // a full-vocabulary log-sum-exp per token only when asked for
   try {
     s.validate(ctx.tokenizer->n_vocab());
   } catch (const Error& e) {
