@@ -128,13 +128,15 @@ inline void add_block(const PackedWeights& w, const PackedActs& x, int64_t g, in
     for (int t = 0; t < nt; ++t) {
       const __m512i lo = _mm512_load_si512(s[0][t]), hi = _mm512_load_si512(s[1][t]);
       isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi)));
-      isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(x.pairs[(t0 + t) * nb + b]));
+      if (w.offset != 0) isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(x.pairs[(t0 + t) * nb + b]));
     }
   } else {
     const __m512i sl = kSub == 1 ? widen16(w.sub.data() + w.int_index(g, b)) : _mm512_setzero_si512();
+    const bool offset = w.offset != 0;
     for (int t = 0; t < nt; ++t) {
       const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-      const __m512i sum = _mm512_sub_epi32(_mm512_load_si512(s[0][t]), _mm512_set1_epi32(w.offset * (xs[0] + xs[1])));
+      __m512i sum = _mm512_load_si512(s[0][t]);
+      if (offset) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(w.offset * (xs[0] + xs[1])));
       isum[t] = _mm512_add_epi32(isum[t], kSub == 1 ? _mm512_mullo_epi32(sl, sum) : sum);
     }
   }

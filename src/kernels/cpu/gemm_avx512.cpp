@@ -79,10 +79,11 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
         if constexpr (kSub == 2) {
           const __m512i lo = dot16(_mm512_setzero_si512(), v, xq), hi = dot16(_mm512_setzero_si512(), v + 4, xq + 16);
           isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi)));
-          isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(pairs[t * nb + b]));
+          if (w.offset != 0) isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(pairs[t * nb + b]));
         } else {
           const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-          __m512i sum = dot16(dot16(_mm512_set1_epi32(-w.offset * (xs[0] + xs[1])), v, xq), v + 4, xq + 16);
+          const __m512i start = w.offset != 0 ? _mm512_set1_epi32(-w.offset * (xs[0] + xs[1])) : _mm512_setzero_si512();
+          __m512i sum = dot16(dot16(start, v, xq), v + 4, xq + 16);
           isum[t] = _mm512_add_epi32(isum[t], kSub == 1 ? _mm512_mullo_epi32(slo, sum) : sum);
         }
       }
