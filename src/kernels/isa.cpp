@@ -42,6 +42,13 @@ CpuBits read_cpu() {
   return c;
 }
 
+bool detect_avx512_bf16() {
+  unsigned max_sub = 0, b, c, d, a1 = 0;
+  if (__get_cpuid_count(7, 0, &max_sub, &b, &c, &d) == 0 || max_sub < 1) return false;
+  __get_cpuid_count(7, 1, &a1, &b, &c, &d);
+  return (a1 >> 5) & 1u;
+}
+
 Isa detect() {
   const CpuBits c = read_cpu();
   const bool ymm_state = (c.xcr0 & 0x6) == 0x6, zmm_state = (c.xcr0 & 0xE6) == 0xE6;
@@ -56,6 +63,7 @@ Isa detect() {
 }
 #else
 Isa detect() { return Isa::Scalar; }
+bool detect_avx512_bf16() { return false; }
 #endif
 
 Isa from_env(Isa detected) {
@@ -73,6 +81,11 @@ std::atomic<int> g_active{-1};
 Isa detected_isa() {
   static const Isa isa = detect();
   return isa;
+}
+
+bool has_avx512_bf16() {
+  static const bool bf16 = int(detected_isa()) >= int(Isa::Avx512) && detect_avx512_bf16();
+  return bf16;
 }
 
 Isa active_isa() {
