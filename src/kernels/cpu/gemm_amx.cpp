@@ -1,7 +1,7 @@
-// The packed GEMM with AMX-INT8 tiles (Intel): per row group and block, one TDPBSUD multiplies 16
-// tokens' activations (signed, A: 16 x 32 bytes) by the group's weights (unsigned, B: 8 rows of
-// 16 x 4 bytes: the VNNI order of the packed layout). Nibble types are widened to bytes once per group
-// and call, for all the token tiles. Split types (per-half sub-scales) take two half-depth products.
+// The packed GEMM with AMX-INT8 tiles (Intel): per row group and block, one TDPBSSD multiplies 16
+// tokens' activations (signed, A: 16 x 32 bytes) by the group's weights (B: 8 rows of 16 x 4 bytes: the
+// VNNI order of the packed layout). Values are widened to signed bytes, their offset subtracted, once
+// per group and call for all the token tiles, so the products (TDPBSSD) need no offset correction. Split types (per-half sub-scales) take two half-depth products.
 // The product of block b + 1 runs on the tile unit while block b's exact integer sums go through the
 // integer and float steps of packed.h in AVX-512, so results are bitwise those of the other levels.
 // Fewer than kAmxMinTokens tokens use the AVX-512 kernel (the same results; tiles do not pay for so few).
@@ -58,9 +58,15 @@ void configure_tiles(Tiles want) {
   current = want;
 }
 
-// A block's values as bytes in the packed order (nibble types widened into `out`).
+// A block's values as signed bytes in the packed order: nibbles widened, the offset subtracted, so that
+// a signed-by-signed tile product (TDPBSSD) gives S - offset * sum(x) directly.
 template <bool kNib, bool kPlane>
-void widen_block(const uint8_t* blk, uint8_t* out) {
+void widen_block(const uint8_t* blk, int offset, uint8_t* out) {
+  const __m512i off = _mm512_set1_epi8(char(offset));
+  if constexpr (!kNib) {
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, _mm512_sub_epi8(_mm512_load_si512(blk + 64 * j), off));
+    return;
+  }
   const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   for (int j = 0; j < 4; ++j) {
     const __m512i raw = _mm512_load_si512(blk + 64 * j);
@@ -72,8 +78,8 @@ void widen_block(const uint8_t* blk, uint8_t* out) {
       lo = _mm512_mask_add_epi8(lo, mlo, lo, bit4);
       hi = _mm512_mask_add_epi8(hi, mhi, hi, bit4);
     }
-    _mm512_store_si512(out + 64 * j, lo);
-    _mm512_store_si512(out + 64 * (j + 4), hi);
+    _mm512_store_si512(out + 64 * j, _mm512_sub_epi8(lo, off));
+    _mm512_store_si512(out + 64 * (j + 4), _mm512_sub_epi8(hi, off));
   }
 }
 
@@ -95,50 +101,43 @@ inline void issue(const PackedActs& x, const uint8_t* wq, int64_t t0, int64_t b)
     if (b & 1) {
       _tile_zero(2);
       _tile_zero(3);
-      _tile_dpbsud(2, 4, 6);
-      _tile_dpbsud(3, 5, 7);
+      _tile_dpbssd(2, 4, 6);
+      _tile_dpbssd(3, 5, 7);
     } else {
       _tile_zero(0);
       _tile_zero(1);
-      _tile_dpbsud(0, 4, 6);
-      _tile_dpbsud(1, 5, 7);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 5, 7);
     }
   } else if (b & 1) {
     _tile_zero(1);
     _tile_loadd(3, xa, kPackBlock);
     _tile_loadd(5, wb, 64);
-    _tile_dpbsud(1, 3, 5);
+    _tile_dpbssd(1, 3, 5);
   } else {
     _tile_zero(0);
     _tile_loadd(2, xa, kPackBlock);
     _tile_loadd(4, wb, 64);
-    _tile_dpbsud(0, 2, 4);
+    _tile_dpbssd(0, 2, 4);
   }
 }
 
 // Block b's sums (s: [half][token][row]) into the super-block's integer sums, as packed.h says.
+// Block b's sums (s: [half][token][row], the offset already out) into the super-block's integer sums.
 template <int kSub>
-inline void add_block(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t b, int64_t t0, int nt,
-                      const int32_t (*s)[kTileTokens][16], __m512i* isum) {
-  const int64_t nb = w.n_blocks;
+inline void add_block(const PackedWeights& w, int64_t g, int64_t b, int nt, const int32_t (*s)[kTileTokens][16],
+                      __m512i* isum) {
   if constexpr (kSub == 2) {
     const __m512i slo = widen16(w.sub.data() + w.int_index(g, b)), shi = widen16(w.sub.data() + w.int_index(g, b) + kPackRows);
-    const __m512i neg_off = _mm512_set1_epi32(-w.offset);
-    const __m512i offp = pair16(_mm512_mullo_epi32(slo, neg_off), _mm512_mullo_epi32(shi, neg_off));
     for (int t = 0; t < nt; ++t) {
       const __m512i lo = _mm512_load_si512(s[0][t]), hi = _mm512_load_si512(s[1][t]);
       isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi)));
-      if (w.offset != 0) isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(x.pairs[(t0 + t) * nb + b]));
     }
+  } else if constexpr (kSub == 1) {
+    const __m512i sl = widen16(w.sub.data() + w.int_index(g, b));
+    for (int t = 0; t < nt; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(sl, _mm512_load_si512(s[0][t])));
   } else {
-    const __m512i sl = kSub == 1 ? widen16(w.sub.data() + w.int_index(g, b)) : _mm512_setzero_si512();
-    const bool offset = w.offset != 0;
-    for (int t = 0; t < nt; ++t) {
-      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-      __m512i sum = _mm512_load_si512(s[0][t]);
-      if (offset) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(w.offset * (xs[0] + xs[1])));
-      isum[t] = _mm512_add_epi32(isum[t], kSub == 1 ? _mm512_mullo_epi32(sl, sum) : sum);
-    }
+    for (int t = 0; t < nt; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_load_si512(s[0][t]));
   }
 }
 
@@ -200,7 +199,7 @@ void tile16(const PackedWeights& w, const PackedActs& x, const uint8_t* wq, int6
       } else {
         _tile_stored(0, s[0], 64);
       }
-      add_block<kSub>(w, x, g, b, t0, nt, s, isum);
+      add_block<kSub>(w, g, b, nt, s, isum);
     }
     finish_super<kMins>(w, x, g, sup, t0, nt, isum, acc);
   }
@@ -211,13 +210,10 @@ template <bool kNib, bool kPlane, int kSub, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   constexpr bool kSplit = kSub == 2;
   configure_tiles(kSplit ? Tiles::Split : Tiles::Plain);
-  uint8_t* widened = kNib ? widen_buffer(size_t(w.n_blocks) * 512) : nullptr;
+  uint8_t* widened = widen_buffer(size_t(w.n_blocks) * 512);
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* wq = w.block(g, 0);
-    if constexpr (kNib) {
-      for (int64_t b = 0; b < w.n_blocks; ++b) widen_block<kNib, kPlane>(w.block(g, b), widened + 512 * b);
-      wq = widened;
-    }
+    for (int64_t b = 0; b < w.n_blocks; ++b) widen_block<kNib, kPlane>(w.block(g, b), w.offset, widened + 512 * b);
+    const uint8_t* wq = widened;
     for (int64_t t = t0; t < t1; t += kTileTokens)
       tile16<kSplit, kSub, kMins>(w, x, wq, g, t, int(t1 - t < kTileTokens ? t1 - t : kTileTokens), y);
   }
