@@ -13,6 +13,11 @@ SingleSequence::SingleSequence(const Model& model, int64_t n_ctx, DType kv_type)
   std::iota(slot_table_.begin(), slot_table_.end(), 0);
 }
 
+void SingleSequence::rewind(int64_t n) {
+  check(n >= 0 && n <= n_past_, "rewind to {} of a sequence of {} tokens", n, n_past_);
+  n_past_ = n;
+}
+
 std::vector<float> SingleSequence::eval(std::span<const int32_t> tokens, bool all_logits, int64_t n_batch) {
   check(n_past_ + int64_t(tokens.size()) <= n_ctx_, "sequence of {} tokens exceeds the context size {}",
         n_past_ + tokens.size(), n_ctx_);

@@ -18,6 +18,9 @@ class SingleSequence {
   std::vector<float> eval(std::span<const int32_t> tokens, bool all_logits = false, int64_t n_batch = 512);
   // Forgets all tokens (the KV memory is reused).
   void reset() { n_past_ = 0; }
+  // Forgets the tokens from position `n` on (0 <= n <= n_past()); the KV of positions < n is kept, as
+  // later tokens only write the slots of their own positions.
+  void rewind(int64_t n);
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }
 

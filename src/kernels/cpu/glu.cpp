@@ -1,0 +1,41 @@
+// cpu::glu (ops.h): the one dispatch by ISA level, and the scalar level (evaluated in double with
+// std::exp, then rounded: the reference the SIMD levels are measured against).
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/glu_levels.h"
+#include "kernels/isa.h"
+
+namespace serval::cpu {
+namespace {
+
+// act(x) = x * sigmoid(z), z = x (SiLU) or the GELU argument, in the form that never cancels:
+// x / (1 + e^-z) for z >= 0, x e^z / (1 + e^z) for z < 0. act(-inf) = -0 (the limit), act(+inf) = +inf,
+// act(NaN) = NaN.
+double act(GluKind kind, double x) {
+  if (std::isnan(x)) return x;
+  if (x == -std::numeric_limits<double>::infinity()) return -0.0;
+  const double z = kind == GluKind::GeluTanh ? x * (kGeluA + kGeluB * x * x) : x;
+  if (z >= 0) return x / (1 + std::exp(-z));
+  const double e = std::exp(z);
+  return x * e / (1 + e);
+}
+
+}  // namespace
+
+void glu_scalar(GluKind kind, const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = float(act(kind, gate[i])) * up[i];
+}
+
+void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n) {
+  switch (active_isa()) {
+#if defined(SERVAL_X86_KERNELS)
+    case Isa::Amx:
+    case Isa::Avx512: return glu_avx512(kind, gate, up, out, n);
+    case Isa::Avx2: return glu_avx2(kind, gate, up, out, n);
+#endif
+    default: return glu_scalar(kind, gate, up, out, n);
+  }
+}
+
+}  // namespace serval::cpu

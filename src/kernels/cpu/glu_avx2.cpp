@@ -1,0 +1,77 @@
+// cpu::glu at the AVX2 level: 8 lanes, the tail with masked loads and stores (a lane's result does
+// not depend on n or on its position).
+//
+// act(x) = x * sigmoid(z), z = x (SiLU) or z = x (A + B x^2) (GELU, tanh form: glu_levels.h), written
+// so that nothing cancels or overflows: with m = e^-|z|,
+//   z >= 0:  act = x / (1 + m)          z < 0:  act = x e^z / (1 + m)   (x e^z = (x p) 2^n, see below)
+// e^a (a = -|z|, clamped at -110) = p * 2^n: n = round(a / ln2), r = a - n ln2 (ln2 in two parts,
+// FMA), p = Taylor polynomial of degree 7 on |r| <= ln2 / 2, Horner with FMA.
+//
+// Error budget (u = 2^-24), while the result and x e^z are normal floats: r carries ~u |r| <= 0.35u
+// absolute error (relative error of e^r), truncation < 0.1u, Horner rounding ~1.5u: p within ~2.5u;
+// x p (1 rounding), 1 + m (1 rounding; m's error enters scaled by m / (1 + m) <= 1/2), the division
+// and the product with up (1 rounding each): at most ~7.75u in all. GELU adds the error of z (float
+// constants A and B, x^2, the FMA, the product: <= 4u |z|), which moves act by (1 - sigmoid(z)) times
+// it. tests/unit/test_glu.cpp asserts 10u + 4u |z| (1 - sigmoid(z)) against the exact formula.
+// Special values: act(+-0) = +-0, act(+inf) = +inf, act(-inf) = -0 (the limit: x is clamped at -128
+// in the z < 0 numerator), act(NaN) = NaN; then act * up in IEEE arithmetic.
+#include <immintrin.h>
+
+#include "kernels/cpu/glu_levels.h"
+
+namespace serval::cpu {
+namespace {
+
+// 2^k for integer lanes -126 <= k <= 127.
+inline __m256 pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
+
+template <bool kGelu>
+inline __m256 glu8(__m256 x, __m256 up) {
+  __m256 z = x;
+  if constexpr (kGelu) z = _mm256_mul_ps(x, _mm256_fmadd_ps(_mm256_set1_ps(float(kGeluB)), _mm256_mul_ps(x, x),
+                                                           _mm256_set1_ps(float(kGeluA))));
+  const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+  // VMAXPS returns its second operand when one is NaN: a NaN stays NaN.
+  const __m256 a = _mm256_max_ps(_mm256_set1_ps(-110.0f), _mm256_or_ps(z, _mm256_set1_ps(-0.0f)));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), a);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // n in [-159, 0]: 2^n as 2^n1 * 2^n2 with both factors normal; only the second product can round
+  // (when the result is subnormal).
+  const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256 s1 = pow2(n1), s2 = pow2(n2);
+  const __m256 m = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-128.0f), x);
+  const __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xc, p), s1), s2), neg);
+  const __m256 act = _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), m));
+  return _mm256_mul_ps(act, up);
+}
+
+template <bool kGelu>
+void run(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, glu8<kGelu>(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 g = _mm256_maskload_ps(gate + i, k), u = _mm256_maskload_ps(up + i, k);
+    _mm256_maskstore_ps(out + i, k, glu8<kGelu>(g, u));
+  }
+}
+
+}  // namespace
+
+void glu_avx2(GluKind kind, const float* gate, const float* up, float* out, int64_t n) {
+  if (kind == GluKind::GeluTanh) run<true>(gate, up, out, n);
+  else run<false>(gate, up, out, n);
+}
+
+}  // namespace serval::cpu
