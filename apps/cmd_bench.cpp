@@ -1,5 +1,8 @@
 // `serval bench`: prompt-processing and generation throughput, as llama-bench measures them
 // (pp: one batch of N prompt tokens; tg: N tokens decoded one at a time), median of R runs.
+// -d/--n-depth D: each test runs after D context tokens are in the KV cache (their evaluation is not
+// timed), as llama-bench's -d. --roofline: measures the machine's int8 peak and read bandwidth first
+// (kernels/probe.h) and adds a column: pp as a fraction of the int8 peak, tg of the bandwidth.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -9,6 +12,8 @@
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
 #include "base/error.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/probe.h"
 #include "model/session.h"
 
 namespace serval::cli {
@@ -17,38 +22,127 @@ namespace {
 struct BenchOptions {
   std::string model, cache_type = "f16";
   int n_prompt = 128, n_gen = 64, reps = 3, threads = 0;
+  std::vector<int> depths{0};
+  bool roofline = false;
 };
+
+// What a forward pass reads and computes in its weight matrices: the layer matrices (every 2-D weight
+// but the token embedding and the output matrix) and the output matrix. Bytes are what the kernels
+// read: the packed copy when the type has a packed layout (kernels/cpu/packed.h), else the GGUF rows.
+struct WeightCount {
+  double layer_params = 0, layer_bytes = 0, output_params = 0, output_bytes = 0, file_bytes = 0;
+};
+
+double read_bytes(const WeightMatrix& w) {
+  return w.packed ? double(w.packed->bytes()) : double(w.rows) * double(w.row_stride);
+}
+
+WeightCount count_weights(const ModelWeights& mw) {
+  WeightCount c;
+  for (const auto& L : mw.layers)
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      if (w->empty()) continue;
+      c.layer_params += double(w->rows) * double(w->cols);
+      c.layer_bytes += read_bytes(*w);
+      c.file_bytes += double(w->rows) * double(w->row_stride);
+    }
+  c.output_params = double(mw.output.rows) * double(mw.output.cols);
+  c.output_bytes = read_bytes(mw.output);
+  c.file_bytes += double(mw.output.rows) * double(mw.output.row_stride);
+  return c;
+}
 
 void run_bench(const BenchOptions& o) {
   set_threads(o.threads);
   check(o.reps > 0 && o.n_prompt >= 0 && o.n_gen >= 0, "-r must be > 0, -p and -n >= 0");
+  check(!o.depths.empty(), "-d needs at least one depth");
+  for (int d : o.depths) check(d >= 0, "-d must be >= 0");
   auto model = Model::load(resolve_model_path(o.model));
-  const int64_t n_vocab = model->config().n_vocab;
+  const ModelConfig& cfg = model->config();
+  const int64_t n_vocab = cfg.n_vocab;
   std::mt19937 rng(1);
   std::vector<int32_t> prompt(o.n_prompt);
   for (auto& t : prompt) t = int32_t(rng() % n_vocab);  // random tokens, as llama-bench
-  SingleSequence seq(*model, std::max(1, o.n_prompt + o.n_gen), parse_cache_type(o.cache_type));
+  const int max_depth = *std::max_element(o.depths.begin(), o.depths.end());
+  std::vector<int32_t> context(max_depth);
+  for (auto& t : context) t = int32_t(rng() % n_vocab);
+  // Each test starts at its depth, so the sequence holds at most depth + max(p, n) tokens; p + n leaves room.
+  SingleSequence seq(*model, std::max<int64_t>(1, int64_t(max_depth) + o.n_prompt + o.n_gen),
+                     parse_cache_type(o.cache_type));
+
+  cpu::RooflinePeaks peaks;
+  WeightCount wc;
+  if (o.roofline) {
+    peaks = cpu::probe_roofline();
+    wc = count_weights(model->weights());
+    fmt::print("roofline peaks, {}\n", peaks.describe());
+    fmt::print("weights: layer matrices {:.1f} M ({:.1f} MB as read), output matrix {:.1f} M ({:.1f} MB as read); "
+               "{:.1f} MB in the file\n\n",
+               wc.layer_params * 1e-6, wc.layer_bytes * 1e-6, wc.output_params * 1e-6, wc.output_bytes * 1e-6,
+               wc.file_bytes * 1e-6);
+  }
+
   using Clock = std::chrono::steady_clock;
   auto secs = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  std::vector<double> pp, tg;
-  for (int r = 0; r < o.reps; ++r) {
-    if (o.n_prompt > 0) {
-      seq.reset();
-      const auto t0 = Clock::now();
-      seq.eval(prompt);
-      pp.push_back(o.n_prompt / secs(t0));
+  struct Row {
+    std::string test, roofline;
+    double tps;
+  };
+  std::vector<Row> rows;
+  for (int depth : o.depths) {
+    const std::string at = depth > 0 ? fmt::format(" @ d{}", depth) : "";
+    seq.reset();
+    if (depth > 0) seq.eval(std::span(context.data(), size_t(depth)));  // not timed; rewound to after each test
+    std::vector<double> pp, tg;
+    for (int r = 0; r < o.reps; ++r) {
+      if (o.n_prompt > 0) {
+        seq.rewind(depth);
+        const auto t0 = Clock::now();
+        seq.eval(prompt);
+        pp.push_back(o.n_prompt / secs(t0));
+      }
+      if (o.n_gen > 0) {
+        seq.rewind(depth);
+        const auto t0 = Clock::now();
+        int32_t tok = 1;
+        for (int i = 0; i < o.n_gen; ++i) tok = int32_t(seq.eval(std::span(&tok, 1)).at(0) > 0 ? 1 : 2);
+        tg.push_back(o.n_gen / secs(t0));
+      }
     }
-    if (o.n_gen > 0) {
-      seq.reset();
-      const auto t0 = Clock::now();
-      int32_t tok = 1;
-      for (int i = 0; i < o.n_gen; ++i) tok = int32_t(seq.eval(std::span(&tok, 1)).at(0) > 0 ? 1 : 2);
-      tg.push_back(o.n_gen / secs(t0));
+    if (!pp.empty()) {
+      const double tps = median(pp);
+      std::string roof;
+      if (o.roofline) {
+        // 2 int8 ops per weight per token in the layer matrices; the output matrix once (only the last
+        // token's logits are computed). Attention is not counted.
+        const double ops = (2 * wc.layer_params * o.n_prompt + 2 * wc.output_params) * tps / o.n_prompt;
+        roof = peaks.int8_peak() > 0 ? fmt::format("{:.3f} TOPS = {:.1f}% of int8 peak", ops * 1e-12,
+                                                   100 * ops / peaks.int8_peak())
+                                     : fmt::format("{:.3f} TOPS", ops * 1e-12);
+      }
+      rows.push_back({fmt::format("pp{}{}", o.n_prompt, at), roof, tps});
+    }
+    if (!tg.empty()) {
+      const double tps = median(tg);
+      std::string roof;
+      if (o.roofline) {
+        // Per token: every layer matrix and the output matrix, plus the K and V rows it attends to (on
+        // average depth + (n - 1) / 2 positions, every layer).
+        const double kv = double(cfg.n_layer) * 2 * double(cfg.kv_dim()) * (o.cache_type == "f32" ? 4 : 2) *
+                          (depth + (o.n_gen - 1) / 2.0);
+        const double bps = (wc.layer_bytes + wc.output_bytes + kv) * tps;
+        roof = fmt::format("{:.1f} GB/s = {:.1f}% of read bw", bps * 1e-9, 100 * bps / peaks.read_bytes_per_s);
+      }
+      rows.push_back({fmt::format("tg{}{}", o.n_gen, at), roof, tps});
     }
   }
-  fmt::print("| model | test | t/s (median of {}) |\n|---|---|---|\n", o.reps);
-  if (!pp.empty()) fmt::print("| {} | pp{} | {:.2f} |\n", o.model, o.n_prompt, median(pp));
-  if (!tg.empty()) fmt::print("| {} | tg{} | {:.2f} |\n", o.model, o.n_gen, median(tg));
+  if (o.roofline) {
+    fmt::print("| model | test | t/s (median of {}) | roofline |\n|---|---|---|---|\n", o.reps);
+    for (const auto& r : rows) fmt::print("| {} | {} | {:.2f} | {} |\n", o.model, r.test, r.tps, r.roofline);
+  } else {
+    fmt::print("| model | test | t/s (median of {}) |\n|---|---|---|\n", o.reps);
+    for (const auto& r : rows) fmt::print("| {} | {} | {:.2f} |\n", o.model, r.test, r.tps);
+  }
 }
 
 }  // namespace
@@ -59,9 +153,15 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "model")->required();
   cmd->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (default 128)");
   cmd->add_option("-n,--n-gen", o->n_gen, "generated tokens (default 64)");
+  cmd->add_option("-d,--n-depth", o->depths,
+                  "context tokens in the KV cache before each test (not timed); a list (0,4096,8192) runs each "
+                  "(default 0)")
+      ->delimiter(',');
   cmd->add_option("-r,--repetitions", o->reps, "repetitions (default 3)");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
+  cmd->add_flag("--roofline", o->roofline,
+                "measure the int8 peak and read bandwidth first and show each test as a fraction of them");
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -157,9 +157,10 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
   rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
   const cpu::MatmulOut gate_up[] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
   cpu::matmul_many(gate_up, h.data(), n_tok);
-  const bool gelu = c.ffn_act == FfnActivation::GeluTanh;
+  const auto act = c.ffn_act == FfnActivation::GeluTanh ? cpu::GluKind::GeluTanh : cpu::GluKind::Silu;
   parallel_for(n_tok, [&](int64_t t) {
-    for (int64_t i = t * c.n_ff; i < (t + 1) * c.n_ff; ++i) gate[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+    float* g = gate.data() + t * c.n_ff;
+    cpu::glu(act, g, up.data() + t * c.n_ff, g, c.n_ff);
   });
   cpu::matmul(L.w_down, gate.data(), down.data(), n_tok);
   if (c.post_norms) rms_norm_rows(down.data(), L.post_ffn_norm, down.data(), n_tok, c.n_embd, c.norm_eps);

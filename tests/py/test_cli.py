@@ -190,3 +190,28 @@ def test_bench_serving_reports_both_modes():
               "--output-len", "4:16").stdout
     assert "| continuous (paged) |" in out and "| naive (static, contiguous) |" in out
     assert "KV cache:" in run("bench-serving", "-m", STORIES, "--requests", 2, "--mode", "continuous").stderr
+
+
+def _bench_rows(out):
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"(pp|tg)\d+( @ d\d+)?", cells[1]):
+            rows[cells[1]] = cells
+    return rows
+
+
+def test_bench_depth_and_roofline():
+    out = run("bench", "-m", STORIES, "-p", 8, "-n", 4, "-r", 1, "-d", "0,16", "--roofline", "-t", 1).stdout
+    assert re.search(r"^roofline peaks, 1 thread: .* read [\d.]+ GB/s", out, re.M), out
+    assert re.search(r"^weights: layer matrices [\d.]+ M", out, re.M), out
+    rows = _bench_rows(out)
+    assert list(rows) == ["pp8", "tg4", "pp8 @ d16", "tg4 @ d16"], out
+    for name, cells in rows.items():
+        assert len(cells) == 4 and float(cells[2]) > 0, cells
+        assert re.fullmatch(r"[\d.]+ TOPS( = [\d.]+% of int8 peak)?" if name.startswith("pp")
+                            else r"[\d.]+ GB/s = [\d.]+% of read bw", cells[3]), cells
+    # Without the new flags the table is as before: three columns, no depth in the names.
+    rows = _bench_rows(run("bench", "-m", STORIES, "-p", 8, "-n", 4, "-r", 1).stdout)
+    assert list(rows) == ["pp8", "tg4"] and all(len(c) == 3 for c in rows.values())
+    assert "-d must be >= 0" in run("bench", "-m", STORIES, "-d", "-1", check=False).stderr
