@@ -13,6 +13,7 @@
 namespace serval {
 namespace cpu {
 struct PackedWeights;
+struct PackedFloatWeights;
 }
 
 // A weight matrix of `rows` x `cols` in any supported type; each row is `cols` contiguous elements.
@@ -24,6 +25,8 @@ struct WeightMatrix {
   size_t row_stride = 0;  // bytes between rows
   // The same matrix repacked for the CPU GEMM (cpu::prepare_weights), when its type has a layout.
   std::shared_ptr<const cpu::PackedWeights> packed;
+  // F16 / BF16 matrices repacked for the float GEMM (cpu::prepare_weights; kernels/cpu/gemm_float.h).
+  std::shared_ptr<const cpu::PackedFloatWeights> packed_float;
   bool empty() const { return data == nullptr; }
 };
 
@@ -95,6 +98,13 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
 void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv);
 // Fixed-order dot product of two float vectors.
 float dot(const float* a, const float* b, int64_t n);
+// Gated activations of the feed-forward block: out[i] = act(gate[i]) * up[i] for i < n, act = SiLU
+// (x * sigmoid(x)) or GELU in its tanh form (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))). Vectorised
+// at the active ISA level (kernels/cpu/glu*.cpp), within 10 float ulps (plus the error of GELU's
+// argument) of the exact formula; act(-inf) = -0, act(+inf) = +inf, act(NaN) = NaN. `out` may be
+// `gate` or `up`. A lane's result does not depend on n or its position.
+enum class GluKind { Silu, GeluTanh };
+void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
 }  // namespace cpu
 
 // Small elementwise ops, one implementation (they are their own reference).

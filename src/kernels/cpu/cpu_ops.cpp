@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "kernels/act_quant.h"
+#include "kernels/cpu/gemm_float.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/vec_dot_isa.h"
 #include "kernels/isa.h"
@@ -53,8 +54,30 @@ struct PreparedActivations {
   }
 };
 
-// Float weights: dequantize a tile of rows once, dot with every token's (rounded) activations.
+// F16 / BF16 weights repacked for the float GEMM (gemm_float.h): activations rounded once, then tasks
+// of (row groups x up to 64 tokens), as matmul_packed splits its products.
+void matmul_packed_float(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  thread_local FloatActs buffers;  // the calling thread's, reused across calls
+  FloatActs& acts = buffers;
+  const PackedFloatWeights& p = *w.packed_float;
+  prepare_float_acts(p.source, x, p.cols, n_tok, acts);
+  const FloatGemmFn gemm = float_gemm_for(active_isa());
+  constexpr int64_t kTokChunk = 64;
+  const int64_t n_tchunks = (n_tok + kTokChunk - 1) / kTokChunk;
+  const int64_t per_task = std::max<int64_t>(1, p.n_groups * n_tchunks / (int64_t(pool_threads()) * 8));
+  const int64_t n_gchunks = (p.n_groups + per_task - 1) / per_task;
+  parallel_for(n_gchunks * n_tchunks, [&](int64_t task) {
+    const int64_t gc = task % n_gchunks, tc = task / n_gchunks;
+    const int64_t g0 = gc * per_task, g1 = std::min(p.n_groups, g0 + per_task);
+    const int64_t t0 = tc * kTokChunk, t1 = std::min(n_tok, t0 + kTokChunk);
+    gemm(p, acts, g0, g1, t0, t1, y);
+  });
+}
+
+// Float weights: F16 / BF16 prepared for the float GEMM take it (`x` as given: it rounds them);
+// otherwise dequantize a tile of rows once, dot with every token's (rounded) activations.
 void matmul_float(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  if (w.packed_float) return matmul_packed_float(w, x, y, n_tok);
   constexpr int64_t kRowsPerTile = 4;
   const int64_t n_tiles = (w.rows + kRowsPerTile - 1) / kRowsPerTile;
   const bool direct = w.type == DType::F32;
@@ -163,6 +186,7 @@ void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_to
 
 void prepare_weights(WeightMatrix& w) {
   if (!w.empty() && !w.packed && packable(w.type)) w.packed = pack_weights(w);
+  if (!w.empty() && !w.packed_float && float_packable(w.type)) w.packed_float = pack_float_weights(w);
 }
 
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
@@ -170,6 +194,7 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
     const MatmulOut out{&w, y};
     return matmul_packed(std::span(&out, 1), x, n_tok);
   }
+  if (w.packed_float) return matmul_float(w, x, y, n_tok);  // rounds the activations itself
   if (act_type_for(w.type) == ActType::F32) return matmul_float(w, x, y, n_tok);  // no copy needed
   const PreparedActivations act(w.type, x, w.cols, n_tok);
   if (act.quantized.empty()) return matmul_float(w, act.rounded.data(), y, n_tok);
