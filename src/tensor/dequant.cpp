@@ -1,5 +1,6 @@
 #include "tensor/dequant.h"
 
+#include <cstdint>
 #include <cstring>
 #include <immintrin.h>
 
@@ -96,7 +97,13 @@ uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return 
 void dequantize_row(DType type, const uint8_t* src, float* dst, size_t n) {
   switch (type) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
-    case DType::F16: fp16_to_f32_row(reinterpret_cast<const uint16_t*>(src), dst, n); return;
+    case DType::F16:
+      if (reinterpret_cast<uintptr_t>(src) % alignof(uint16_t) == 0) {
+        fp16_to_f32_row(reinterpret_cast<const uint16_t*>(src), dst, n);
+      } else {  // a row at an odd address (a matrix view may start anywhere): read the halves bytewise
+        for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(load_u16(src + 2 * i));
+      }
+      return;
     case DType::BF16: for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(src + 2 * i)); return;
     default: break;
   }
