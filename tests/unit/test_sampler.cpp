@@ -255,8 +255,9 @@ TEST(Sampler, MatchesTheFullSortReference) {
   for (int trial = 0; trial < 500; ++trial) {
     const size_t n = vocabs[rng() % vocabs.size()];
     SamplingParams p;
-    const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
-    p.temperature = temps[rng() % 4];
+    // 1.0 takes the untempered probabilities directly; 1.1 is close to it but must not.
+    const float temps[] = {0.0f, 0.3f, 1.0f, 1.1f, 1.7f};
+    p.temperature = temps[rng() % 5];
     const int32_t ks[] = {0, 1, 5, 40, int32_t(n), int32_t(n) + 10, 2000, 1024};
     p.top_k = ks[rng() % 8];
     const float ps[] = {1.0f, 0.95f, 0.5f, 0.01f, 0.999999f};
