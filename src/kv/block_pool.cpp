@@ -4,8 +4,17 @@
 
 namespace serval {
 
-BlockPool::BlockPool(int32_t n_blocks) : blocks_(n_blocks) {
-  check(n_blocks > 0, "the KV pool needs at least one block");
+namespace {
+
+// Checked before the blocks are sized (a negative count would otherwise reach std::vector).
+size_t positive_blocks(int32_t n_blocks) {
+  check(n_blocks > 0, "the KV pool needs at least one block (got {})", n_blocks);
+  return size_t(n_blocks);
+}
+
+}  // namespace
+
+BlockPool::BlockPool(int32_t n_blocks) : blocks_(positive_blocks(n_blocks)) {
   for (int32_t b = 0; b < n_blocks; ++b) {
     blocks_[b].free_pos = free_.insert(free_.end(), b);
     blocks_[b].in_free = true;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 #include "base/error.h"
 #include "kv/block_pool.h"
@@ -302,6 +303,55 @@ TEST(KvManager, SerialsTellAllocationsApart) {
   EXPECT_EQ(moved.serial(), 0u);
   b.release();
   expect_whole(m.pool(0));
+}
+
+// Edges found by mutation testing (docs/testing.md): the error of an empty or negative pool, a
+// reference taken on a never-used free block, and usage summed over several groups.
+TEST(BlockPool, AnEmptyOrNegativePoolIsAClearError) {
+  for (int32_t n : {0, -1, -100}) {
+    try {
+      BlockPool p(n);
+      ADD_FAILURE() << n << " blocks were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the KV pool needs at least one block"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(BlockPool, AReferenceTakesEvenAFreshBlockOutOfTheFreeQueue) {
+  BlockPool p(3);
+  p.ref(1);
+  EXPECT_EQ(p.n_free(), 2);
+  EXPECT_EQ(p.free_order(), (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(p.allocate(), 0);
+  EXPECT_EQ(p.allocate(), 2) << "a referenced block must not be handed out";
+  p.unref(0);
+  p.unref(1);
+  p.unref(2);
+  expect_whole(p);
+}
+
+TEST(KvManager, ABlockSizeOfZeroIsAClearError) {
+  for (int32_t bs : {0, -4}) {
+    KvManagerConfig c;
+    c.block_size = bs;
+    c.blocks_per_group = {8};
+    try {
+      KvManager m(c);
+      ADD_FAILURE() << "block size " << bs << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("block size must be positive"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(KvManager, UsageCountsEveryGroup) {
+  KvManager m = make_manager(8, 4, {0, 8});  // a full group and a sliding-window group, 8 blocks each
+  EXPECT_EQ(m.usage(), 0.0);
+  KvAllocation a = m.allocate(m.find_prefix(iota_tokens(10)), 10);  // 3 blocks in each group
+  EXPECT_DOUBLE_EQ(m.usage(), (3.0 + 3.0) / (8.0 + 8.0));
+  a.release();
+  EXPECT_EQ(m.usage(), 0.0);
 }
 
 }  // namespace
