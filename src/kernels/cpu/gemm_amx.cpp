@@ -1,7 +1,8 @@
 // The packed GEMM with AMX-INT8 tiles (Intel): per row group and block, one TDPBSSD multiplies 16
 // tokens' activations (signed, A: 16 x 32 bytes) by the group's weights (B: 8 rows of 16 x 4 bytes: the
 // VNNI order of the packed layout). Values are widened to signed bytes, their offset subtracted, once
-// per group and call for all the token tiles, so the products (TDPBSSD) need no offset correction. Split types (per-half sub-scales) take two half-depth products.
+// per group and call for all the token tiles, so the products (TDPBSSD) need no offset correction.
+// Split types (per-half sub-scales) take two half-depth products.
 // The product of block b + 1 runs on the tile unit while block b's exact integer sums go through the
 // integer and float steps of packed.h in AVX-512, so results are bitwise those of the other levels.
 // Fewer than kAmxMinTokens tokens use the AVX-512 kernel (the same results; tiles do not pay for so few).

@@ -1,6 +1,6 @@
 // The packed GEMM with AVX-512 VNNI: a register tile of 16 rows (one vector) x up to 8 tokens.
 // Compiled with this level's flags only (CMakeLists.txt); called only when active_isa() allows it.
-// The operations per (row, token, block) are those of packed.h, in the same order.
+// The integer and float steps per (row, token, super-block) are those of packed.h, in the same order.
 #include <immintrin.h>
 
 #include <cstdlib>
