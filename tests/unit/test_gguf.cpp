@@ -266,6 +266,58 @@ TEST(Safetensors, BadHeadersGiveErrors) {
   EXPECT_THROW(SafetensorsFile("odd", odd), Error);
 }
 
+// Each check of the safetensors reader with its message asserted (mutation testing found that an
+// error of any kind passed the tests above; docs/testing.md).
+std::string safetensors_error(const std::vector<uint8_t>& bytes) {
+  try {
+    SafetensorsFile("f", bytes);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+std::string one_tensor(const std::string& dtype, const std::string& shape, const std::string& offsets) {
+  return R"({"a":{"dtype":")" + dtype + R"(","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}}";
+}
+
+TEST(Safetensors, EveryCheckSaysWhatIsWrong) {
+  auto has = [](const std::string& what, const std::string& part) { return what.find(part) != std::string::npos; };
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes("[1, 2]", 0)), "header is not a JSON object"));
+  auto too_long = safetensors_bytes("{}", 0);
+  const uint64_t claimed = too_long.size() - 7;  // one byte more than the file holds after the length
+  std::memcpy(too_long.data(), &claimed, 8);
+  EXPECT_TRUE(has(safetensors_error(too_long), "header length " + std::to_string(claimed) + " exceeds the file size"));
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(R"({"a":{"data_offsets":[0,4]}})", 4)),
+                  "tensor 'a' lacks dtype, shape or data_offsets"));
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("I8", "[4]", "[0,4]"), 4)), "unsupported dtype I8"));
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("F32", "[1,1,1,1,2]", "[0,8]"), 8)),
+                  "tensor 'a' has a bad shape"));
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("F32", "[3]", "[0,12]"), 8)),
+                  "data [0, 12) runs past the end of the file"));
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("F32", "[2]", "[0,12]"), 12)),
+                  "byte size 12 does not match its shape"));
+  const auto overlap = safetensors_bytes(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  EXPECT_TRUE(has(safetensors_error(overlap), "tensors 'a' and 'b' overlap")) << safetensors_error(overlap);
+}
+
+TEST(Safetensors, ShapesTypesAndScalarsAreRead) {
+  const auto four = safetensors_bytes(one_tensor("F32", "[1,1,2,1]", "[0,8]"), 8);
+  SafetensorsFile f4("four", four);
+  EXPECT_EQ(f4.find_tensor("a")->n_elements(), 2u) << "four dimensions are allowed";
+  const auto bf16 = safetensors_bytes(one_tensor("BF16", "[2]", "[0,4]"), 4);
+  SafetensorsFile fb("bf16", bf16);
+  EXPECT_EQ(fb.find_tensor("a")->type, DType::BF16);
+  const auto f16 = safetensors_bytes(one_tensor("F16", "[2]", "[0,4]"), 4);
+  SafetensorsFile fh("f16", f16);
+  EXPECT_EQ(fh.find_tensor("a")->type, DType::F16);
+  const auto scalar = safetensors_bytes(one_tensor("F32", "[]", "[0,4]"), 4);
+  SafetensorsFile fs("scalar", scalar);
+  EXPECT_EQ(fs.find_tensor("a")->ne, (std::vector<uint64_t>{1})) << "a scalar has one element";
+  EXPECT_EQ(fs.find_tensor("a")->nbytes, 4u);
+}
+
 TEST(HfConfig, BadFieldsGiveErrors) {
   const auto path = std::filesystem::temp_directory_path() / "serval-test-config.json";
   auto load = [&](const std::string& extra) {
