@@ -227,19 +227,9 @@ void packed_gemm_amx(const PackedWeights& w, const PackedActs& x, int64_t g0, in
   // The tiled activations exist when the call quantized at this level (always, through cpu::matmul);
   // the AVX-512 kernel gives the same bits otherwise.
   if (t1 - t0 < kAmxMinTokens || x.tiled.empty() || t0 % kTileTokens != 0) return packed_gemm_avx512(w, x, g0, g1, t0, t1, y);
-  switch (w.source) {  // the layouts of packed.cpp's table
-    case DType::Q4_0: return run<true, false, 0, false>(w, x, g0, g1, t0, t1, y);
-    case DType::Q4_1: return run<true, false, 0, true>(w, x, g0, g1, t0, t1, y);
-    case DType::Q5_0: return run<true, true, 0, false>(w, x, g0, g1, t0, t1, y);
-    case DType::Q5_1: return run<true, true, 0, true>(w, x, g0, g1, t0, t1, y);
-    case DType::Q8_0: return run<false, false, 0, false>(w, x, g0, g1, t0, t1, y);
-    case DType::Q2_K: return run<true, false, 2, true>(w, x, g0, g1, t0, t1, y);
-    case DType::Q3_K: return run<true, false, 2, false>(w, x, g0, g1, t0, t1, y);
-    case DType::Q4_K: return run<true, false, 1, true>(w, x, g0, g1, t0, t1, y);
-    case DType::Q5_K: return run<true, true, 1, true>(w, x, g0, g1, t0, t1, y);
-    case DType::Q6_K: return run<false, false, 2, false>(w, x, g0, g1, t0, t1, y);
-    default: std::abort();  // pack_weights packs only these
-  }
+  with_layout(w.source, [&]<bool kNib, bool kPlane, int kSub, bool kMins>() {
+    run<kNib, kPlane, kSub, kMins>(w, x, g0, g1, t0, t1, y);
+  });
 }
 
 }  // namespace serval::cpu

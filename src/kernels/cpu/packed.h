@@ -26,6 +26,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -96,6 +97,26 @@ void quantize_packed_acts(DType weight_type, const float* x, int64_t cols, int64
 // One row at the AVX-512 level: Q8_0 (`k_quant` false) or Q8_K scales; qs [cols], d [cols / 32],
 // sums [cols / 16].
 void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums);
+
+// Calls f.template operator()<kNib, kPlane, kSub, kMins>() with the compile-time layout of a packed
+// type (the table in packed.cpp; kSub: 0 no sub-scales, 1 one per block, 2 one per half), so each SIMD
+// level instantiates its kernel once per layout from one list. Types pack_weights does not pack abort.
+template <class F>
+void with_layout(DType t, F&& f) {
+  switch (t) {
+    case DType::Q4_0: return f.template operator()<true, false, 0, false>();
+    case DType::Q4_1: return f.template operator()<true, false, 0, true>();
+    case DType::Q5_0: return f.template operator()<true, true, 0, false>();
+    case DType::Q5_1: return f.template operator()<true, true, 0, true>();
+    case DType::Q8_0: return f.template operator()<false, false, 0, false>();
+    case DType::Q2_K: return f.template operator()<true, false, 2, true>();
+    case DType::Q3_K: return f.template operator()<true, false, 2, false>();
+    case DType::Q4_K: return f.template operator()<true, false, 1, true>();
+    case DType::Q5_K: return f.template operator()<true, true, 1, true>();
+    case DType::Q6_K: return f.template operator()<false, false, 2, false>();
+    default: std::abort();
+  }
+}
 
 // y[t * w.rows + r] for groups [g0, g1) and tokens [t0, t1): one function per ISA level, all with the
 // arithmetic above. A level's function may only be called when the CPU runs that level.
