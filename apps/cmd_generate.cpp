@@ -6,10 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "apps/engine_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "base/utf8.h"
-#include "model/session.h"
+#include "engine/engine.h"
 #include "sampling/sampler.h"
 
 namespace serval::cli {
@@ -21,6 +22,7 @@ struct GenerateOptions {
   bool no_bos = false, json = false, ignore_eos = false, special = false;
   SamplingParams sampling;
   std::vector<std::string> logit_bias;
+  SpecFlags spec;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -40,6 +42,42 @@ void parse_logit_bias(const std::vector<std::string>& items, SamplingParams& s) 
   }
 }
 
+// Prints one generated token (text, or a JSON line with its log-probabilities).
+void print_token(const GenerateOptions& o, const Tokenizer& tok, const TokenEvent& ev, Utf8StreamDecoder& utf8) {
+  const std::string piece = tok.token_to_piece(ev.token);
+  if (o.json) {
+    nlohmann::json j{{"id", ev.token}, {"text", piece}, {"logprob", ev.logprob}};
+    for (const auto& t : ev.top) j["top"].push_back({{"id", t.id}, {"logprob", t.logprob}});
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    fmt::print("{}", utf8.push(piece));
+  }
+  std::fflush(stdout);
+}
+
+// One request on the engine, with the whole prompt in one step and KV for exactly n_ctx tokens.
+EngineConfig generate_config(GenerateOptions& o, int64_t n_ctx, size_t n_prompt) {
+  EngineConfig cfg;
+  cfg.kv_type = parse_cache_type(o.cache_type);
+  cfg.block_size = 16;
+  cfg.num_blocks = int32_t((n_ctx + 15) / 16);
+  cfg.max_model_len = n_ctx;
+  cfg.prefix_caching = false;
+  cfg.scheduler.max_batched_tokens = std::max<int64_t>(int64_t(n_prompt), 64);
+  cfg.scheduler.max_seqs = 1;
+  cfg.spec = o.spec.load();
+  return cfg;
+}
+
+std::string spec_summary(const EngineStats& st, SpecMethod method) {
+  if (method == SpecMethod::None) return "";
+  const auto& s = st.spec;
+  return fmt::format(" | speculative {}: {} of {} proposed tokens accepted ({:.0f} %), {:.2f} tokens per step",
+                     to_string(method), s.accepted_tokens, s.draft_tokens,
+                     s.draft_tokens ? 100.0 * double(s.accepted_tokens) / double(s.draft_tokens) : 0.0,
+                     st.steps > 1 ? double(st.generation_tokens - 1) / double(st.steps - 1) : 0.0);
+}
+
 void run_generate(GenerateOptions& o) {
   set_threads(o.threads);
   if (!o.prompt_file.empty()) {
@@ -47,7 +85,6 @@ void run_generate(GenerateOptions& o) {
   }
   const auto t_load = Clock::now();
   auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
-  const double load_s = seconds_since(t_load);
   const auto& tok = model->tokenizer();
   parse_logit_bias(o.logit_bias, o.sampling);
   o.sampling.validate(tok.n_vocab());
@@ -56,39 +93,34 @@ void run_generate(GenerateOptions& o) {
   check(!prompt.empty(), "the prompt is empty (nothing to condition on; drop --no-bos or give text)");
   const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model->config().n_ctx_train, prompt.size() + o.n_predict);
   check(int64_t(prompt.size()) < n_ctx, "prompt of {} tokens does not fit the context of {}", prompt.size(), n_ctx);
-  SingleSequence seq(*model, n_ctx, parse_cache_type(o.cache_type));
-  Sampler sampler(o.sampling);
-  std::vector<int32_t> history = prompt;
-  Utf8StreamDecoder utf8;
+  Engine engine(*model, generate_config(o, n_ctx, prompt.size()));
+  const double load_s = seconds_since(t_load);
   if (!o.json) fmt::print("{}", o.prompt), std::fflush(stdout);
+  if (o.n_predict == 0) return void(fmt::print("\n"));
 
-  const auto t0 = Clock::now();
-  std::vector<float> logits = seq.eval(prompt);
+  GenerationParams params;
+  params.sampling = o.sampling;
+  params.max_tokens = o.n_predict;
+  params.ignore_eos = o.ignore_eos;
+  Utf8StreamDecoder utf8;
   double ttft = 0;
   int n_gen = 0;
-  const auto n_vocab = tok.n_vocab();
-  for (; n_gen < o.n_predict; ++n_gen) {
-    const auto r = sampler.sample(std::span(logits).last(n_vocab), history);
-    if (n_gen == 0) ttft = seconds_since(t0);
-    const std::string piece = tok.token_to_piece(r.token);
-    if (o.json) {
-      nlohmann::json j{{"id", r.token}, {"text", piece}, {"logprob", r.logprob}};
-      for (const auto& t : r.top) j["top"].push_back({{"id", t.id}, {"logprob", t.logprob}});
-      fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    } else {
-      fmt::print("{}", utf8.push(piece));
-    }
-    std::fflush(stdout);
-    history.push_back(r.token);
-    if (!o.ignore_eos && tok.is_end_of_generation(r.token)) { ++n_gen; break; }
-    if (seq.n_past() >= n_ctx) { ++n_gen; break; }
-    logits = seq.eval(std::span(&r.token, 1));
+  std::string error;
+  const auto t0 = Clock::now();
+  engine.add_request(prompt, params, [&](const TokenEvent& ev) {
+    if (ev.finished) return void(error = ev.error);
+    if (n_gen++ == 0) ttft = seconds_since(t0);
+    print_token(o, tok, ev, utf8);
+  });
+  while (engine.step()) {
   }
+  check(error.empty(), "generation failed: {}", error);
   const double total = seconds_since(t0);
   if (!o.json) fmt::print("{}\n", utf8.flush());
   const double tpot = n_gen > 1 ? (total - ttft) / (n_gen - 1) : 0;
   fmt::print(stderr, "\nload {:.2f} s | prompt {} tokens | generated {} tokens | TTFT {:.1f} ms | TPOT {:.1f} ms | "
-             "{:.2f} tokens/s\n", load_s, prompt.size(), n_gen, ttft * 1e3, tpot * 1e3, tpot > 0 ? 1.0 / tpot : 0.0);
+             "{:.2f} tokens/s{}\n", load_s, prompt.size(), n_gen, ttft * 1e3, tpot * 1e3, tpot > 0 ? 1.0 / tpot : 0.0,
+             spec_summary(engine.stats(), engine.spec_method()));
 }
 
 }  // namespace
@@ -119,6 +151,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
   cmd->add_flag("--parse-special", o->special, "turn special-token text in the prompt into its id");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
+  o->spec.add_to(cmd);
   cmd->add_flag("--json", o->json, "print one JSON object per generated token (id, text, logprob, top)");
   cmd->callback([o] { run_generate(*o); });
 }

@@ -6,15 +6,51 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "base/error.h"
 #include "engine/engine.h"
+#include "engine/speculative.h"
 
 namespace serval::cli {
+
+// Speculative decoding flags, shared by `generate`, `bench`, `serve` and `bench-serving`.
+struct SpecFlags {
+  std::string method, model_draft, draft_kv_memory = "256MiB";
+  SpeculativeConfig config;
+  std::unique_ptr<Model> draft;  // loaded by load()
+
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--spec", method, "speculative decoding: none (default), ngram (prompt lookup) or draft");
+    cmd->add_option("--model-draft,--md", model_draft, "draft model for --spec draft (implies it): same vocabulary");
+    cmd->add_option("--draft-max,--draft", config.draft_max, "tokens proposed per step at most (default 8)");
+    cmd->add_option("--draft-min", config.draft_min, "shorter proposals are dropped (default 1)");
+    cmd->add_option("--spec-ngram-min", config.ngram_min, "prompt lookup: shortest n-gram matched (default 1)");
+    cmd->add_option("--spec-ngram-max", config.ngram_max, "prompt lookup: longest n-gram matched (default 4)");
+    cmd->add_option("--spec-max-running", config.max_running,
+                    "no speculation while more requests than this run (default 4)");
+    cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
+  }
+
+  // Loads the draft model (if any) and returns the configuration; throws Error for bad values.
+  SpeculativeConfig load() {
+    SpeculativeConfig c = config;
+    c.method = parse_spec_method(method.empty() && !model_draft.empty() ? "draft" : method);
+    if (c.method == SpecMethod::Draft) {
+      check(!model_draft.empty(), "--spec draft needs a draft model (--model-draft FILE)");
+      if (!draft) draft = Model::load(resolve_model_path(model_draft));  // once, however often asked
+      c.draft_model = draft.get();
+      c.draft_kv_bytes = kv_budget_from_string(draft_kv_memory);
+    }
+    c.validate();
+    return c;
+  }
+};
 
 struct EngineFlags {
   std::string kv_memory, cache_type = "f16";
   int block_size = 16, max_seqs = 64;
   int64_t max_batched_tokens = 512, max_model_len = 0;
   bool no_prefix_caching = false, priority = false;
+  mutable SpecFlags spec;  // config() loads the draft model once
 
   explicit EngineFlags(std::string default_kv_memory) : kv_memory(std::move(default_kv_memory)) {}
 
@@ -29,9 +65,10 @@ struct EngineFlags {
     cmd->add_option("--max-model-len", max_model_len, "context length (default: the model's)");
     cmd->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
     cmd->add_flag("--priority-scheduling", priority, "serve by request 'priority' (lower first), then arrival");
+    spec.add_to(cmd);
   }
 
-  // The engine configuration the flags describe; throws Error for bad values.
+  // The engine configuration the flags describe (loading the draft model, if any); throws Error.
   EngineConfig config() const {
     EngineConfig ec;
     ec.block_size = block_size;
@@ -42,6 +79,7 @@ struct EngineFlags {
     ec.scheduler.max_batched_tokens = max_batched_tokens;
     ec.scheduler.max_seqs = max_seqs;
     ec.scheduler.policy = priority ? SchedulingPolicy::Priority : SchedulingPolicy::Fcfs;
+    ec.spec = spec.load();
     return ec;
   }
 };

@@ -66,6 +66,8 @@ Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_
   scheduler_ = std::make_unique<Scheduler>(*kv_, config_.scheduler);
   batch_ = Batch(c.n_kv_groups());
   batch_.block_size = config_.block_size;
+  proposer_ = make_proposer(config_.spec, model_, config_.block_size);
+  counters_.spec.accepted_per_pos.assign(size_t(config_.spec.draft_max), 0);
 }
 
 void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
@@ -74,6 +76,8 @@ void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationP
   for (int32_t t : prompt) check(t >= 0 && t < tok.n_vocab(), "prompt token {} is outside the vocabulary", t);
   params.sampling.validate(tok.n_vocab());
   check(params.max_tokens >= 1, "max_tokens must be at least 1 (got {})", params.max_tokens);
+  check(params.draft_max >= -1, "the draft length must be -1 (the server's), 0 (off) or positive (got {})",
+        params.draft_max);
   const int64_t total = int64_t(prompt.size()) + params.max_tokens;
   check(int64_t(prompt.size()) < max_model_len_, "the prompt has {} tokens; the model's context is {} tokens",
         prompt.size(), max_model_len_);
@@ -111,6 +115,7 @@ void Engine::fail_all(const std::string& message) {
 
 void Engine::finish(Request& r, FinishReason reason, const std::string& error) {
   scheduler_->remove(&r);  // frees the KV blocks now
+  if (proposer_) proposer_->forget(r);
   r.state = RequestState::Finished;
   r.finish_reason = reason;
   TokenEvent ev;
@@ -166,15 +171,17 @@ void Engine::build_batch(const SchedulerOutput& plan) {
       batch.block_tables[g][s] = std::move(copy);
       copy.clear();
     }
+    const int64_t n_known = r.num_tokens();  // then the draft tokens, each with its logits row
     for (int64_t p = begin; p < end; ++p) {
-      const bool logits = p == r.num_tokens() - 1;
-      batch.tokens.push_back(r.tokens[p]);
+      const bool logits = p >= n_known - 1;
+      batch.tokens.push_back(p < n_known ? r.tokens[p] : r.draft[p - n_known]);
       batch.positions.push_back(int32_t(p));
       batch.seq_ids.push_back(int32_t(s));
       batch.want_logits.push_back(logits);
       for (int g = 0; g < n_groups; ++g) batch.slots[g].push_back(int32_t(r.kv.table(g)[p / bs] * bs + p % bs));
     }
-    logit_row_.push_back(end == r.num_tokens() ? n_logits++ : -1);
+    logit_row_.push_back(end >= n_known ? n_logits : -1);
+    n_logits += std::max<int64_t>(0, end - n_known + 1);
   }
 }
 
@@ -188,8 +195,77 @@ void Engine::return_block_tables(const SchedulerOutput& plan) {
   }
 }
 
+void Engine::propose_drafts() {
+  if (!proposer_) return;
+  const auto& running = scheduler_->running();
+  for (Request* r : running) r->draft.clear();
+  if (int64_t(running.size()) > config_.spec.max_running) return;  // the batch is big enough: no gain
+  spec_reqs_.clear();
+  spec_limits_.clear();
+  for (Request* r : running) {
+    if (r->num_tokens() - r->num_computed_tokens != 1) continue;  // still in prefill
+    const int32_t cap = r->params.draft_max < 0 ? config_.spec.draft_max : std::min(r->params.draft_max, config_.spec.draft_max);
+    if (r->spec_len == 0) r->spec_len = cap;
+    // n accepted tokens and one more: never past max_tokens or the context.
+    const int64_t room = std::min(r->params.max_tokens - r->num_output_tokens(), max_model_len_ - r->num_tokens()) - 1;
+    const int64_t limit = std::min<int64_t>({cap, r->spec_len, room});
+    if (limit < config_.spec.draft_min) continue;
+    spec_reqs_.push_back(r);
+    spec_limits_.push_back(int32_t(limit));
+  }
+  if (!spec_reqs_.empty()) proposer_->propose(spec_reqs_, spec_limits_);
+  for (Request* r : spec_reqs_)
+    if (int32_t(r->draft.size()) < config_.spec.draft_min) r->draft.clear();
+}
+
+bool Engine::emit(Request& r, const SampleResult& sample) {
+  r.tokens.push_back(sample.token);
+  ++counters_.generation_tokens;
+  r.t_last_token = Clock::now();
+  if (r.num_output_tokens() == 1) r.t_first_token = r.t_last_token;
+  if (r.on_token) r.on_token({r.id, sample.token, sample.logprob, sample.top, false, FinishReason::None, ""});
+  if (should_stop(r, sample.token)) return finish(r, FinishReason::Stop), false;
+  if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= max_model_len_)
+    return finish(r, FinishReason::Length), false;
+  return true;
+}
+
+void Engine::record_verification(size_t n_draft, size_t n_accepted) {
+  if (n_draft == 0) return;
+  auto& st = counters_.spec;
+  ++st.drafts;
+  st.draft_tokens += int64_t(n_draft);
+  st.accepted_tokens += int64_t(n_accepted);
+  for (size_t i = 0; i < n_accepted && i < st.accepted_per_pos.size(); ++i) ++st.accepted_per_pos[i];
+}
+
+bool Engine::accept_tokens(Request& r, int64_t row) {
+  const std::vector<int32_t> draft = std::move(r.draft);
+  r.draft.clear();
+  const int64_t n_vocab = model_.config().n_vocab;
+  size_t n_accepted = 0;
+  bool alive = true;
+  while (alive) {
+    const std::span<const float> logits(logits_.data() + (row + int64_t(n_accepted)) * n_vocab, size_t(n_vocab));
+    const SampleResult sample = r.sampler.sample(logits, r.tokens);
+    const bool matches = n_accepted < draft.size() && sample.token == draft[n_accepted];
+    n_accepted += matches;
+    alive = emit(r, sample);  // false: r is gone
+    if (!matches) break;
+  }
+  record_verification(draft.size(), n_accepted);
+  // Adapt: double the proposal length after a draft kept whole, else propose one more than was kept.
+  if (alive && !draft.empty())
+    r.spec_len = n_accepted == draft.size() ? std::min(config_.spec.draft_max, 2 * std::max(1, r.spec_len))
+                                            : int32_t(n_accepted) + 1;
+  return alive;
+}
+
 bool Engine::step() {
+  propose_drafts();
   const SchedulerOutput plan = scheduler_->schedule();
+  if (proposer_)
+    for (Request* r : plan.preempted) proposer_->forget(*r);
   if (plan.empty()) return false;
   build_batch(plan);
   try {
@@ -201,22 +277,15 @@ bool Engine::step() {
   return_block_tables(plan);
   ++counters_.steps;
   counters_.computed_tokens += int64_t(batch_.size());
-  const int64_t n_vocab = model_.config().n_vocab;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
     r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
+    if (logit_row_[s] >= 0 && !accept_tokens(r, logit_row_[s])) continue;  // finished
+    // KV of rejected draft tokens is left in its slots, to be overwritten: not computed.
+    r.num_computed_tokens = std::min(r.num_computed_tokens, r.num_tokens() - 1);
+    if (proposer_) proposer_->verified(r);
     kv_->hash_blocks(r.tokens, r.block_hashes);  // only blocks not hashed before
     kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens);
-    if (logit_row_[s] < 0) continue;  // a prefill chunk that does not reach the end yet
-    const std::span<const float> logits(logits_.data() + logit_row_[s] * n_vocab, n_vocab);
-    const SampleResult sample = r.sampler.sample(logits, r.tokens);
-    r.tokens.push_back(sample.token);
-    ++counters_.generation_tokens;
-    r.t_last_token = Clock::now();
-    if (r.num_output_tokens() == 1) r.t_first_token = r.t_last_token;
-    if (r.on_token) r.on_token({r.id, sample.token, sample.logprob, sample.top, false, FinishReason::None, ""});
-    if (should_stop(r, sample.token)) finish(r, FinishReason::Stop);
-    else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= max_model_len_) finish(r, FinishReason::Length);
   }
   return true;
 }

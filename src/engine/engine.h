@@ -11,6 +11,7 @@
 
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "kv/kv_manager.h"
 #include "model/model.h"
 
@@ -24,6 +25,7 @@ struct EngineConfig {
   int64_t max_model_len = 0;  // 0: the model's trained context
   bool prefix_caching = true;
   SchedulerConfig scheduler;
+  SpeculativeConfig spec;  // speculative decoding (off by default)
 };
 
 // "512MiB", "2GB", "1073741824" or a fraction of free RAM ("0.5") to bytes; throws Error.
@@ -36,6 +38,7 @@ struct EngineStats {
   int64_t steps = 0, prompt_tokens = 0, generation_tokens = 0, computed_tokens = 0;
   int64_t blocks_total = 0, blocks_free = 0, blocks_cached_free = 0;
   int64_t reserved_slots = 0, used_slots = 0;  // KV slots held by requests vs tokens they hold
+  SpecStats spec;
 };
 
 // How the KV cache is laid out, printed at start-up.
@@ -77,6 +80,8 @@ class Engine {
   const Scheduler& scheduler() const { return *scheduler_; }
   int64_t max_model_len() const { return max_model_len_; }
   const Model& model() const { return model_; }
+  const Proposer* proposer() const { return proposer_.get(); }  // null without speculation
+  SpecMethod spec_method() const { return proposer_ ? config_.spec.method : SpecMethod::None; }
 
  private:
   const Model& model_;
@@ -94,12 +99,23 @@ class Engine {
   // Reused from step to step (no allocation in the steady state).
   Batch batch_;
   std::vector<int64_t> logit_row_;
+  std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
+  std::vector<Request*> spec_reqs_;
+  std::vector<int32_t> spec_limits_;
 
   // Fills batch_ and logit_row_ (the logits row of each scheduled request, -1 for none); the block
   // tables are moved in from the requests' copies, brought up to date with the new blocks only.
   void build_batch(const SchedulerOutput& plan);
   // Moves the block tables back to their requests.
   void return_block_tables(const SchedulerOutput& plan);
+  // Asks the proposer for draft tokens of the running requests that are decoding (when few run).
+  void propose_drafts();
+  // Samples `r`'s logits rows from `row` on: row i follows its tokens and the first i draft tokens, and
+  // draft token i is kept while the sample equals it. Emits each token; false when `r` finished.
+  bool accept_tokens(Request& r, int64_t row);
+  // Appends and streams one sampled token; finishes `r` (and returns false) on a stop or a limit.
+  bool emit(Request& r, const SampleResult& sample);
+  void record_verification(size_t n_draft, size_t n_accepted);
   void finish(Request& r, FinishReason reason, const std::string& error = "");
   bool should_stop(const Request& r, int32_t token) const;
 };

@@ -26,6 +26,9 @@ struct GenerationParams {
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // in addition to the model's end-of-generation tokens
   int32_t priority = 0;                 // lower is served first (with the priority policy)
+  // Speculative decoding for this request: -1 as the engine is configured, 0 off, N > 0 at most N
+  // proposed tokens per step (never more than the engine's draft_max).
+  int32_t draft_max = -1;
 };
 
 // One generated token, or the end of the stream (finished = true; token may be -1).
@@ -67,6 +70,10 @@ struct Request {
   std::vector<int64_t> batch_tables_live;
   Sampler sampler;
   int32_t n_preemptions = 0;
+  // Speculative decoding: tokens proposed to follow `tokens`, verified in this step's batch (the
+  // scheduler may shorten or drop them), and the adaptive proposal length (0: not set yet).
+  std::vector<int32_t> draft;
+  int32_t spec_len = 0;
 
   Clock::time_point t_arrival = Clock::now(), t_first_token{}, t_last_token{};
 

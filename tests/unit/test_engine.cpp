@@ -206,6 +206,55 @@ TEST_F(StoriesEngine, RejectsWhatCanNeverFitWithTheNumbers) {
   EXPECT_FALSE(e.has_work());
 }
 
+// KV budget strings to bytes, and bytes to blocks: stories260K holds 2 x 5 layers x 4 KV heads x 8
+// dims x 2 bytes = 640 bytes per token in F16, 1280 in F32.
+TEST_F(StoriesEngine, KvBudgetsInBytesAndUnits) {
+  EXPECT_EQ(kv_budget_from_string("1000"), 1000u);
+  EXPECT_EQ(kv_budget_from_string("2k"), 2000u);
+  EXPECT_EQ(kv_budget_from_string("3KiB"), 3072u);
+  EXPECT_EQ(kv_budget_from_string("1.5MB"), 1500000u);
+  EXPECT_EQ(kv_budget_from_string("512MiB"), 536870912u);
+  EXPECT_EQ(kv_budget_from_string("2gb"), 2000000000u);
+  EXPECT_EQ(kv_budget_from_string("1GiB"), 1073741824u);
+  EXPECT_EQ(kv_budget_from_string("7b"), 7u);
+  EXPECT_GT(kv_budget_from_string("0.01"), 0u) << "a fraction of free memory";
+  for (const char* bad : {"", "-5MiB", "12 parsecs", "abc", "0"}) EXPECT_THROW(kv_budget_from_string(bad), Error) << bad;
+  for (DType t : {DType::F16, DType::F32}) {
+    EngineConfig cfg;
+    cfg.block_size = 16;
+    cfg.kv_type = t;
+    cfg.kv_cache_bytes = 100 * 1280 * 16 + 5;
+    Engine e(*model_, cfg);
+    const int64_t per_token = t == DType::F16 ? 640 : 1280;
+    EXPECT_EQ(e.capacity().bytes_per_token, per_token);
+    EXPECT_EQ(e.capacity().num_blocks, (100 * 1280 * 16 + 5) / (per_token * 16));
+    EXPECT_EQ(e.capacity().tokens, e.capacity().num_blocks * 16);
+  }
+}
+
+// ignore_eos keeps generating past the end-of-generation token (made certain with a logit bias).
+TEST_F(StoriesEngine, IgnoreEosAndStopTokens) {
+  Engine e(*model_, EngineConfig{});
+  std::map<RequestId, Outcome> out;
+  GenerationParams p = sampled(5, 1, 0.0f);
+  p.sampling.logit_bias = {{2, 100.0f}};  // EOS
+  const RequestId stops = e.add_request(encode("Once upon a time"), p, collect(out, nullptr));
+  p.ignore_eos = true;
+  const RequestId goes_on = e.add_request(encode("Once upon a time"), p, collect(out, nullptr));
+  GenerationParams q = sampled(20, 1, 0.0f);
+  const Outcome free_run = run_alone(*model_, encode("Once upon a time"), q);
+  q.stop_token_ids = {free_run.tokens[3]};
+  const RequestId stop_id = e.add_request(encode("Once upon a time"), q, collect(out, nullptr));
+  drain(e, out);
+  EXPECT_EQ(out[stops].tokens, std::vector<int32_t>{2});
+  EXPECT_EQ(out[stops].reason, FinishReason::Stop);
+  EXPECT_EQ(out[goes_on].tokens, std::vector<int32_t>(5, 2));
+  EXPECT_EQ(out[goes_on].reason, FinishReason::Length);
+  const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]);
+  EXPECT_EQ(out[stop_id].tokens, std::vector<int32_t>(free_run.tokens.begin(), first + 1));
+  EXPECT_EQ(out[stop_id].reason, FinishReason::Stop);
+}
+
 TEST_F(StoriesEngine, NaiveBaselineGivesTheSameTokens) {
   const std::vector<std::string> texts = {"Once upon a time", "The little girl went to the park and saw",
                                           "Tom had a red ball"};

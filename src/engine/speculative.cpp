@@ -1,0 +1,175 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+#include "sampling/sampler.h"
+
+namespace serval {
+
+SpecMethod parse_spec_method(const std::string& name) {
+  if (name == "none" || name.empty()) return SpecMethod::None;
+  if (name == "ngram") return SpecMethod::Ngram;
+  if (name == "draft") return SpecMethod::Draft;
+  fail("unknown speculative method '{}' (none, ngram or draft)", name);
+}
+
+const char* to_string(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::None: return "none";
+    case SpecMethod::Ngram: return "ngram";
+    case SpecMethod::Draft: return "draft";
+  }
+  return "?";
+}
+
+void SpeculativeConfig::validate() const {
+  check(draft_max >= 1 && draft_max <= 64, "--draft-max must be 1..64 (got {})", draft_max);
+  check(draft_min >= 1 && draft_min <= draft_max, "--draft-min must be 1..draft-max (got {})", draft_min);
+  check(ngram_min >= 1 && ngram_min <= ngram_max && ngram_max <= 64,
+        "n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})", ngram_min, ngram_max);
+  check(max_running >= 1, "--spec-max-running must be at least 1 (got {})", max_running);
+  check(method != SpecMethod::Draft || draft_model, "speculative method 'draft' needs a draft model (--model-draft)");
+}
+
+void check_same_vocabulary(const Model& target, const Model& draft) {
+  const auto &a = target.tokenizer(), &b = draft.tokenizer();
+  check(a.n_vocab() == b.n_vocab(), "the draft model's vocabulary has {} tokens, the target's {}", b.n_vocab(),
+        a.n_vocab());
+  check(draft.config().n_vocab >= a.n_vocab(), "the draft model's output has {} rows for {} tokens",
+        draft.config().n_vocab, a.n_vocab());
+  for (int32_t id = 0; id < a.n_vocab(); ++id)
+    check(a.token_to_piece(id, true) == b.token_to_piece(id, true),
+          "the draft model's token {} is '{}', the target's '{}'", id, b.token_to_piece(id, true),
+          a.token_to_piece(id, true));
+}
+
+// ---- prompt lookup -------------------------------------------------------------------------------
+
+std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int32_t ngram_min, int32_t ngram_max,
+                                           int32_t limit) {
+  const int64_t n = int64_t(tokens.size());
+  for (int64_t g = std::min<int64_t>(ngram_max, n - 1); g >= ngram_min; --g) {
+    const auto key = tokens.subspan(n - g);
+    // The most recent earlier occurrence that has at least one token after it.
+    for (int64_t i = n - g - 1; i >= 0; --i) {
+      if (!std::equal(key.begin(), key.end(), tokens.begin() + i)) continue;
+      const int64_t from = i + g, to = std::min<int64_t>(n, from + limit);
+      return {tokens.begin() + from, tokens.begin() + to};
+    }
+  }
+  return {};
+}
+
+void NgramProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
+  for (size_t i = 0; i < reqs.size(); ++i)
+    reqs[i]->draft = lookup(reqs[i]->tokens, config_.ngram_min, config_.ngram_max, limits[i]);
+}
+
+// ---- draft model ---------------------------------------------------------------------------------
+
+DraftModelProposer::DraftModelProposer(const SpeculativeConfig& config, int32_t block_size)
+    : model_(*config.draft_model), block_size_(block_size) {
+  const auto& c = model_.config();
+  const int64_t per_block = c.kv_bytes_per_token(2) * block_size;
+  const int32_t n_blocks = int32_t(std::max<uint64_t>(1, config.draft_kv_bytes / uint64_t(per_block)));
+  n_tokens_ = int64_t(n_blocks) * block_size;
+  KvManagerConfig kc;
+  kc.block_size = block_size;
+  kc.prefix_caching = false;
+  for (int g = 0; g < c.n_kv_groups(); ++g) {
+    kc.blocks_per_group.push_back(n_blocks);
+    kc.window_per_group.push_back(c.kv_group_is_swa(g) ? c.sliding_window : 0);
+  }
+  kv_ = std::make_unique<KvManager>(kc);
+  empty_hit_.blocks.resize(c.n_kv_groups());
+  cache_ = std::make_unique<KvCache>(c, n_tokens_, DType::F16);
+  batch_ = Batch(c.n_kv_groups());
+  batch_.block_size = block_size;
+}
+
+void DraftModelProposer::add_to_batch(Seq& seq, int32_t row, int32_t token, int64_t pos, bool logits) {
+  batch_.tokens.push_back(token);
+  batch_.positions.push_back(int32_t(pos));
+  batch_.seq_ids.push_back(row);
+  batch_.want_logits.push_back(logits);
+  for (int g = 0; g < batch_.n_groups(); ++g)
+    batch_.slots[g].push_back(seq.kv.table(g)[pos / block_size_] * block_size_ + int32_t(pos % block_size_));
+}
+
+void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
+  // Each request drafting: the last known token at n - 1 and drafts at n .. n + limit - 2 need KV.
+  std::vector<std::pair<Request*, Seq*>> active;
+  std::vector<int32_t> want;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Request& r = *reqs[i];
+    r.draft.clear();
+    Seq& seq = seqs_[r.id];
+    // Its last token is run again (for its logits); KV past it belongs to rejected drafts.
+    seq.computed = std::min(seq.computed, r.num_tokens() - 1);
+    const int64_t need = r.num_tokens() + limits[i] - 1;
+    if (limits[i] < 1 || need > n_tokens_) continue;
+    const KvAllocation* have = seq.kv.empty() ? nullptr : &seq.kv;
+    if (!kv_->can_allocate(have, have ? nullptr : &empty_hit_, need)) continue;
+    if (seq.kv.empty()) seq.kv = kv_->allocate(empty_hit_, need);
+    else kv_->grow(seq.kv, need);
+    active.push_back({&r, &seq});
+    want.push_back(limits[i]);
+  }
+  const int64_t n_vocab = model_.config().n_vocab;
+  const int n_groups = batch_.n_groups();
+  for (int32_t round = 0; !active.empty(); ++round) {
+    batch_.tokens.clear(), batch_.positions.clear(), batch_.seq_ids.clear(), batch_.want_logits.clear();
+    for (int g = 0; g < n_groups; ++g) batch_.slots[g].clear(), batch_.block_tables[g].clear();
+    for (size_t s = 0; s < active.size(); ++s) {
+      auto [r, seq] = active[s];
+      for (int g = 0; g < n_groups; ++g) batch_.block_tables[g].push_back(seq->kv.table(g));
+      if (round == 0) {  // catch up on the request's tokens the draft has not seen
+        for (int64_t p = seq->computed; p < r->num_tokens(); ++p)
+          add_to_batch(*seq, int32_t(s), r->tokens[p], p, p == r->num_tokens() - 1);
+        seq->computed = r->num_tokens();
+      } else {
+        add_to_batch(*seq, int32_t(s), r->draft.back(), seq->computed, true);
+        ++seq->computed;
+      }
+    }
+    model_.forward(batch_, *cache_, logits_);
+    std::vector<std::pair<Request*, Seq*>> next;
+    std::vector<int32_t> next_want;
+    for (size_t s = 0; s < active.size(); ++s) {
+      auto [r, seq] = active[s];
+      r->draft.push_back(argmax(std::span<const float>(logits_.data() + s * n_vocab, size_t(n_vocab))));
+      kv_->commit(seq->kv, {}, seq->computed);
+      if (int32_t(r->draft.size()) < want[s]) next.push_back(active[s]), next_want.push_back(want[s]);
+    }
+    active = std::move(next);
+    want = std::move(next_want);
+  }
+}
+
+void DraftModelProposer::verified(const Request& r) {
+  auto it = seqs_.find(r.id);
+  if (it != seqs_.end()) it->second.computed = std::min(it->second.computed, r.num_tokens() - 1);
+}
+
+void DraftModelProposer::forget(const Request& r) { seqs_.erase(r.id); }
+
+int64_t DraftModelProposer::blocks_in_use() const {
+  int64_t n = 0;
+  for (int g = 0; g < kv_->n_groups(); ++g) n += kv_->pool(g).n_blocks() - kv_->pool(g).n_free();
+  return n;
+}
+
+std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const Model& target, int32_t block_size) {
+  config.validate();
+  switch (config.method) {
+    case SpecMethod::None: return nullptr;
+    case SpecMethod::Ngram: return std::make_unique<NgramProposer>(config);
+    case SpecMethod::Draft:
+      check_same_vocabulary(target, *config.draft_model);
+      return std::make_unique<DraftModelProposer>(config, block_size);
+  }
+  return nullptr;
+}
+
+}  // namespace serval

@@ -1,0 +1,115 @@
+// Speculative decoding: a proposer guesses the next few tokens of a request; the engine runs them
+// through the target model in the normal flattened batch (one logits row per guess, plus one) and
+// keeps the longest prefix the target agrees with, plus the target's own next token.
+//
+// Proposals are deterministic (a point mass), so verification samples each row with the request's
+// own sampler and accepts a guess exactly when the sampled token equals it. For a point-mass draft q
+// this *is* the rejection rule of Leviathan et al. / Chen et al. (accept with min(1, p(d)/q(d)) =
+// p(d), else sample from norm(max(0, p - q)) = p without d): the output distribution is the target's.
+// Each emitted token costs one draw of the request's RNG, in the same order as plain decoding, and
+// the forward pass is batch invariant, so the output is token-for-token that of plain decoding, at any
+// temperature and seed.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "kv/kv_manager.h"
+#include "model/model.h"
+
+namespace serval {
+
+enum class SpecMethod { None, Ngram, Draft };
+
+// "none", "ngram", "draft"; throws Error otherwise.
+SpecMethod parse_spec_method(const std::string& name);
+const char* to_string(SpecMethod m);
+
+struct SpeculativeConfig {
+  SpecMethod method = SpecMethod::None;
+  int32_t draft_max = 8;    // tokens proposed per step at most (llama.cpp's --draft-max)
+  int32_t draft_min = 1;    // proposals shorter than this are dropped (llama.cpp's --draft-min)
+  int32_t ngram_min = 1;    // prompt lookup: the shortest suffix of the tokens matched
+  int32_t ngram_max = 4;    // ... and the longest (tried first)
+  int32_t max_running = 4;  // with more running requests than this, nobody speculates
+  const Model* draft_model = nullptr;  // SpecMethod::Draft
+  uint64_t draft_kv_bytes = 64ull << 20;  // the draft model's own KV cache
+
+  void validate() const;  // throws Error for impossible values
+};
+
+// Counters of what speculation proposed and what the target kept (vLLM's spec_decode_* metrics).
+struct SpecStats {
+  int64_t drafts = 0;           // verification steps with at least one proposed token
+  int64_t draft_tokens = 0;     // tokens proposed
+  int64_t accepted_tokens = 0;  // of which accepted
+  std::vector<int64_t> accepted_per_pos;  // [i]: drafts whose token i was accepted
+};
+
+// The draft model must share the target's vocabulary token for token; throws Error naming the first
+// difference.
+void check_same_vocabulary(const Model& target, const Model& draft);
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  // Sets reqs[i]->draft to at most limits[i] tokens likely to follow reqs[i]->tokens.
+  virtual void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) = 0;
+  // After verification: `r`'s tokens now hold the accepted prefix of its draft and one more token.
+  virtual void verified(const Request& /*r*/) {}
+  // `r` finished or was preempted: drop what is kept for it.
+  virtual void forget(const Request& /*r*/) {}
+  // Blocks of the proposer's own KV cache held for requests (0 for proposers without one).
+  virtual int64_t blocks_in_use() const { return 0; }
+};
+
+// Prompt lookup: the longest suffix of the request's tokens (ngram_max down to ngram_min tokens) that
+// occurred before, most recent occurrence first; proposes the tokens that followed it.
+class NgramProposer : public Proposer {
+ public:
+  explicit NgramProposer(const SpeculativeConfig& config) : config_(config) {}
+  void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
+  // The proposal for one token sequence (exposed for tests).
+  static std::vector<int32_t> lookup(std::span<const int32_t> tokens, int32_t ngram_min, int32_t ngram_max,
+                                     int32_t limit);
+
+ private:
+  SpeculativeConfig config_;
+};
+
+// A small model of the same vocabulary drafts greedily, with its own paged KV cache: one forward pass
+// catches each request up (its new tokens), then one pass per further draft token, all requests batched.
+class DraftModelProposer : public Proposer {
+ public:
+  DraftModelProposer(const SpeculativeConfig& config, int32_t block_size);
+  void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
+  void verified(const Request& r) override;
+  void forget(const Request& r) override;
+  int64_t kv_tokens() const { return n_tokens_; }  // capacity of the draft KV cache
+  int64_t blocks_in_use() const override;
+
+ private:
+  struct Seq {
+    KvAllocation kv;
+    int64_t computed = 0;  // leading request tokens whose draft KV is in the cache
+  };
+  const Model& model_;
+  int32_t block_size_;
+  int64_t n_tokens_;
+  std::unique_ptr<KvManager> kv_;
+  std::unique_ptr<KvCache> cache_;
+  std::map<RequestId, Seq> seqs_;
+  PrefixHit empty_hit_;  // no blocks in any group: where a new sequence starts
+  Batch batch_;
+  std::vector<float> logits_;
+
+  void add_to_batch(Seq& seq, int32_t row, int32_t token, int64_t pos, bool logits);
+};
+
+std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const Model& target, int32_t block_size);
+
+}  // namespace serval

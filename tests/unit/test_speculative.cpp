@@ -1,0 +1,293 @@
+// Speculative decoding: every proposer gives exactly the tokens (and log-probabilities) of plain
+// decoding — greedy and sampled, alone, in concurrent batches, under preemption — while actually
+// accepting proposals; prompt lookup against its definition; the draft model's vocabulary check; a
+// chi-square test of the sampled distribution with speculation against plain sampling.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "base/error.h"
+#include "engine/engine.h"
+#include "engine/speculative.h"
+#include "model/session.h"
+#include "test_support.h"
+
+namespace serval {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason reason = FinishReason::None;
+};
+
+// The oracle: plain decoding, one sequence on its own cache.
+Outcome run_alone(const Model& m, const std::vector<int32_t>& prompt, const GenerationParams& p) {
+  SingleSequence seq(m, int64_t(prompt.size()) + p.max_tokens);
+  Sampler sampler(p.sampling);
+  std::vector<int32_t> history = prompt;
+  auto logits = seq.eval(prompt);
+  Outcome o;
+  for (int i = 0; i < p.max_tokens; ++i) {
+    const auto r = sampler.sample(logits, history);
+    o.tokens.push_back(r.token);
+    o.logprobs.push_back(r.logprob);
+    history.push_back(r.token);
+    if (!p.ignore_eos && m.tokenizer().is_end_of_generation(r.token)) return o.reason = FinishReason::Stop, o;
+    if (i + 1 < p.max_tokens) logits = seq.eval(std::vector<int32_t>{r.token});
+  }
+  o.reason = FinishReason::Length;
+  return o;
+}
+
+GenerationParams params(int max_tokens, uint64_t seed, float temp) {
+  GenerationParams p;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = temp;
+  p.sampling.seed = seed;
+  return p;
+}
+
+// Runs `prompts` through `e` together (all added before the first step); outcomes in order.
+std::vector<Outcome> run_engine(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
+                                const std::vector<GenerationParams>& ps) {
+  std::map<RequestId, Outcome> out;
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    ids.push_back(e.add_request(prompts[i], ps[i], [&out](const TokenEvent& ev) {
+      auto& o = out[ev.id];
+      if (ev.finished) o.reason = ev.reason;
+      else o.tokens.push_back(ev.token), o.logprobs.push_back(ev.logprob);
+    }));
+  for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
+  EXPECT_FALSE(e.has_work());
+  std::vector<Outcome> res;
+  for (RequestId id : ids) res.push_back(out[id]);
+  return res;
+}
+
+void expect_pool_whole(const Engine& e) {
+  const auto& kv = e.kv_manager();
+  for (int g = 0; g < kv.n_groups(); ++g) EXPECT_EQ(kv.pool(g).n_free(), kv.pool(g).n_blocks()) << "leaked blocks";
+  if (e.proposer()) EXPECT_EQ(e.proposer()->blocks_in_use(), 0) << "the draft model's KV leaked";
+}
+
+class StoriesSpec : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Model::load(test::shared_path("models/stories260K.gguf")).release(); }
+  static void TearDownTestSuite() { delete model_; }
+  static Model* model_;
+  std::vector<int32_t> encode(const std::string& s) const { return model_->tokenizer().encode(s, true); }
+
+  EngineConfig config(SpecMethod method, int32_t num_blocks = 256) const {
+    EngineConfig cfg;
+    cfg.block_size = 4;
+    cfg.num_blocks = num_blocks;
+    cfg.scheduler.max_batched_tokens = 64;
+    cfg.spec.method = method;
+    cfg.spec.draft_max = 6;
+    cfg.spec.max_running = 64;
+    cfg.spec.draft_model = model_;  // the model drafting for itself: greedy drafts are all accepted
+    cfg.spec.draft_kv_bytes = 1 << 20;
+    return cfg;
+  }
+};
+Model* StoriesSpec::model_ = nullptr;
+
+const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
+                                         "The little girl went to the park", "Lily and Tom were best friends."};
+
+TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
+  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft}) {
+    for (float temp : {0.0f, 1.0f}) {
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<GenerationParams> ps;
+      std::vector<Outcome> want;
+      for (size_t i = 0; i < kTexts.size(); ++i) {
+        prompts.push_back(encode(kTexts[i]));
+        ps.push_back(params(60, 11 + i, temp));
+        want.push_back(run_alone(*model_, prompts.back(), ps.back()));
+      }
+      Engine together(*model_, config(method));
+      const auto got = run_engine(together, prompts, ps);
+      for (size_t i = 0; i < kTexts.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << to_string(method) << " temp " << temp << " " << kTexts[i];
+        EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "bitwise log-probabilities";
+        EXPECT_EQ(got[i].reason, want[i].reason);
+      }
+      const SpecStats& st = together.stats().spec;
+      EXPECT_GT(st.accepted_tokens, 0) << to_string(method) << " temp " << temp << ": nothing was accepted";
+      EXPECT_LE(st.accepted_tokens, st.draft_tokens);
+      EXPECT_EQ(st.accepted_per_pos.size(), 6u);
+      EXPECT_EQ(st.accepted_per_pos[0] <= st.drafts, true);
+      if (method == SpecMethod::Draft && temp == 0.0f)
+        EXPECT_EQ(st.accepted_tokens, st.draft_tokens) << "a model's own greedy drafts are always accepted";
+      EXPECT_LT(together.stats().steps, 60 * int64_t(kTexts.size())) << "speculation saved no step";
+      expect_pool_whole(together);
+      Engine alone(*model_, config(method));  // one request at a time
+      for (size_t i = 0; i < kTexts.size(); ++i)
+        EXPECT_EQ(run_engine(alone, {prompts[i]}, {ps[i]})[0].tokens, want[i].tokens) << kTexts[i];
+    }
+  }
+}
+
+// The same under a pool so small that requests preempt each other, with drafts that stop at
+// max_tokens and at end-of-generation, and per-request draft caps (0: off).
+TEST_F(StoriesSpec, PreemptionLimitsAndPerRequestCaps) {
+  std::mt19937 rng(7);
+  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft}) {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GenerationParams> ps;
+    for (int i = 0; i < 24; ++i) {
+      prompts.push_back(encode(kTexts[rng() % kTexts.size()]));
+      ps.push_back(params(1 + int(rng() % 50), 100 + i, rng() % 2 ? 0.0f : 0.9f));
+      ps.back().draft_max = int32_t(rng() % 4) - 1;  // -1 (the engine's), 0 (off), 1, 2
+    }
+    EngineConfig cfg = config(method, 20);  // 80 tokens for all: preemption is certain
+    cfg.scheduler.max_batched_tokens = 24;
+    Engine e(*model_, cfg);
+    const auto got = run_engine(e, prompts, ps);
+    EXPECT_GT(e.stats().preemptions, 0);
+    EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Outcome want = run_alone(*model_, prompts[i], ps[i]);
+      EXPECT_EQ(got[i].tokens, want.tokens) << to_string(method) << " request " << i;
+      EXPECT_EQ(got[i].reason, want.reason) << to_string(method) << " request " << i;
+    }
+    expect_pool_whole(e);
+  }
+}
+
+TEST_F(StoriesSpec, ABigBatchDoesNotSpeculate) {
+  EngineConfig cfg = config(SpecMethod::Ngram);
+  cfg.spec.max_running = 2;
+  Engine e(*model_, cfg);
+  std::vector<std::vector<int32_t>> prompts(3, encode("Once upon a time"));
+  run_engine(e, prompts, std::vector<GenerationParams>(3, params(20, 1, 0.0f)));
+  EXPECT_EQ(e.stats().spec.drafts, 0) << "three running requests are more than max_running 2";
+  Engine two(*model_, cfg);
+  prompts.pop_back();
+  run_engine(two, prompts, std::vector<GenerationParams>(2, params(20, 1, 0.0f)));
+  EXPECT_GT(two.stats().spec.drafts, 0);
+}
+
+// Two-sample chi-square test of equal distributions (equal sample sizes), categories with fewer than
+// 20 in both samples together pooled; false when the statistic passes the 99.9th percentile.
+bool same_distribution(const std::map<int32_t, std::pair<int, int>>& counts, std::string& why) {
+  double chi2 = 0;
+  int cells = 0, small_a = 0, small_b = 0;
+  auto add = [&](int a, int b) {
+    const double half = (a + b) / 2.0;
+    chi2 += (a - half) * (a - half) / half + (b - half) * (b - half) / half;
+    ++cells;
+  };
+  for (const auto& [token, ab] : counts) {
+    if (ab.first + ab.second < 20) small_a += ab.first, small_b += ab.second;
+    else add(ab.first, ab.second);
+  }
+  if (small_a + small_b > 0) add(small_a, small_b);
+  const double k = cells - 1;  // degrees of freedom
+  if (k < 2) return why = "too few categories", false;
+  // Wilson-Hilferty: the 99.9th percentile of chi-square with k degrees of freedom (z = 3.09).
+  const double critical = k * std::pow(1 - 2 / (9 * k) + 3.09 * std::sqrt(2 / (9 * k)), 3);
+  why = "chi2 " + std::to_string(chi2) + " critical " + std::to_string(critical) + " dof " + std::to_string(k);
+  return chi2 < critical;
+}
+
+// Plain sampling with seeds 0..N-1 against speculative sampling with seeds N..2N-1, at the positions
+// where prompt lookup proposes (the first token follows the prompt's prefill and is never proposed).
+TEST_F(StoriesSpec, SampledDistributionMatchesPlainSampling) {
+  const auto prompt = encode("Lily had a red ball. Lily had a red ball. Lily had a");
+  const int n = 400;
+  std::vector<std::map<int32_t, std::pair<int, int>>> counts(4);  // [position] token -> (plain, speculative)
+  Engine e(*model_, config(SpecMethod::Ngram));
+  std::vector<GenerationParams> spec_ps;
+  for (int i = 0; i < n; ++i) {
+    const auto o = run_alone(*model_, prompt, params(4, uint64_t(i), 1.0f));
+    for (size_t p = 0; p < o.tokens.size(); ++p) ++counts[p][o.tokens[p]].first;
+    spec_ps.push_back(params(4, uint64_t(n + i), 1.0f));
+  }
+  for (const auto& o : run_engine(e, std::vector<std::vector<int32_t>>(n, prompt), spec_ps))
+    for (size_t p = 0; p < o.tokens.size(); ++p) ++counts[p][o.tokens[p]].second;
+  EXPECT_GT(e.stats().spec.drafts, n / 10) << "prompt lookup should propose often";
+  EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+  EXPECT_LT(e.stats().spec.accepted_tokens, e.stats().spec.draft_tokens) << "some proposals must be rejected";
+  for (size_t p = 1; p < 4; ++p) {
+    std::string why;
+    EXPECT_TRUE(same_distribution(counts[p], why)) << "position " << p << ": " << why;
+    std::printf("position %zu: %s\n", p, why.c_str());
+  }
+}
+
+TEST(NgramProposer, ProposesWhatFollowedTheLatestLongestMatch) {
+  // ... 5 6 7 8 9 ... 5 6 7 1 2 | 5 6 7: the 3-gram "5 6 7" last occurred before "1 2".
+  const std::vector<int32_t> t = {5, 6, 7, 8, 9, 4, 5, 6, 7, 1, 2, 3, 5, 6, 7};
+  EXPECT_EQ(NgramProposer::lookup(t, 1, 3, 4), (std::vector<int32_t>{1, 2, 3, 5}));
+  EXPECT_EQ(NgramProposer::lookup(t, 1, 3, 2), (std::vector<int32_t>{1, 2}));
+  // A longer n-gram wins over a more recent shorter one: "9 4" occurs once, "4" more recently.
+  const std::vector<int32_t> u = {9, 4, 1, 1, 4, 2, 2, 9, 4};
+  EXPECT_EQ(NgramProposer::lookup(u, 1, 2, 3), (std::vector<int32_t>{1, 1, 4}));
+  EXPECT_EQ(NgramProposer::lookup(u, 1, 1, 3), (std::vector<int32_t>{2, 2, 9})) << "unigram: the latest 4";
+  // The continuation stops at the end of the tokens.
+  const std::vector<int32_t> v = {1, 2, 3, 1, 2};
+  EXPECT_EQ(NgramProposer::lookup(v, 2, 2, 8), (std::vector<int32_t>{3, 1, 2}));
+  EXPECT_TRUE(NgramProposer::lookup(std::vector<int32_t>{1, 2, 3}, 1, 3, 4).empty()) << "no repeat";
+  EXPECT_TRUE(NgramProposer::lookup(v, 3, 3, 4).empty()) << "no 3-gram repeats";
+  EXPECT_TRUE(NgramProposer::lookup(std::vector<int32_t>{7}, 1, 3, 4).empty());
+}
+
+TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
+  auto msg = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  SpeculativeConfig c;
+  c.draft_max = 0;
+  EXPECT_NE(msg([&] { c.validate(); }).find("--draft-max"), std::string::npos);
+  c.draft_max = 4, c.draft_min = 5;
+  EXPECT_NE(msg([&] { c.validate(); }).find("--draft-min"), std::string::npos);
+  c.draft_min = 1, c.method = SpecMethod::Draft;
+  EXPECT_NE(msg([&] { c.validate(); }).find("--model-draft"), std::string::npos);
+  EXPECT_NE(msg([] { parse_spec_method("medusa"); }).find("'medusa'"), std::string::npos);
+  EXPECT_EQ(parse_spec_method("ngram"), SpecMethod::Ngram);
+  auto a = Model::load(test::shared_path("models/stories260K.gguf"));
+  auto b = Model::load(test::shared_path("models/TinyStories-656K-Q8_0.gguf"));
+  EXPECT_NE(msg([&] { check_same_vocabulary(*a, *b); }).find("2048 tokens, the target's 512"), std::string::npos);
+  EXPECT_EQ(msg([&] { check_same_vocabulary(*a, *a); }), "no error");
+}
+
+// The real pair: Qwen2.5-Coder 1.5B verified against 0.5B drafts, and prompt lookup on the 0.5B.
+TEST(RealModelSpec, QwenPairAndPromptLookupGiveThePlainTokens) {
+  const std::string small = test::cached_model("qwen2.5-coder-0.5b-instruct");
+  const std::string large = test::cached_model("qwen2.5-coder-1.5b-instruct");
+  ASSERT_FALSE(small.empty() || large.empty()) << "run scripts/setup";
+  auto draft = Model::load(small);
+  auto target = Model::load(large);
+  const std::vector<std::string> texts = {"def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                                          "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,"};
+  for (const Model* m : {target.get(), draft.get()}) {
+    EngineConfig cfg;
+    cfg.num_blocks = 64;
+    cfg.spec.method = m == target.get() ? SpecMethod::Draft : SpecMethod::Ngram;
+    cfg.spec.draft_model = draft.get();
+    cfg.spec.draft_kv_bytes = 16 << 20;
+    Engine e(*m, cfg);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GenerationParams> ps;
+    for (size_t i = 0; i < texts.size(); ++i)
+      prompts.push_back(m->tokenizer().encode(texts[i], true)), ps.push_back(params(16, i, i ? 0.7f : 0.0f));
+    const auto got = run_engine(e, prompts, ps);
+    for (size_t i = 0; i < texts.size(); ++i)
+      EXPECT_EQ(got[i].tokens, run_alone(*m, prompts[i], ps[i]).tokens) << to_string(cfg.spec.method) << " " << texts[i];
+    EXPECT_GT(e.stats().spec.accepted_tokens, 0) << to_string(cfg.spec.method);
+  }
+}
+
+}  // namespace
+}  // namespace serval
