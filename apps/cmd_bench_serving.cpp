@@ -50,6 +50,7 @@ std::pair<int, int> parse_range(const std::string& s) {
 }
 
 Summary run_continuous(const Model& m, const std::vector<NaiveRequest>& work, const ServingOptions& o) {
+  o.engine.spec.load_heads(m);
   EngineConfig cfg = o.engine.config();
   cfg.scheduler.max_seqs = o.concurrency;
   Engine e(m, cfg);

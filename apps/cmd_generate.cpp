@@ -93,6 +93,7 @@ void run_generate(GenerateOptions& o) {
   check(!prompt.empty(), "the prompt is empty (nothing to condition on; drop --no-bos or give text)");
   const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model->config().n_ctx_train, prompt.size() + o.n_predict);
   check(int64_t(prompt.size()) < n_ctx, "prompt of {} tokens does not fit the context of {}", prompt.size(), n_ctx);
+  o.spec.load_heads(*model);
   Engine engine(*model, generate_config(o, n_ctx, prompt.size()));
   const double load_s = seconds_since(t_load);
   if (!o.json) fmt::print("{}", o.prompt), std::fflush(stdout);

@@ -45,6 +45,7 @@ void run_serve(ServeOptions& o) {
   server.start();  // /health answers 503 while the model loads
   fmt::print(stderr, "serval: listening on {}://{}:{} (loading {})\n", scheme, o.server.host, server.port(), path);
   auto model = Model::load(path);
+  o.engine.spec.load_heads(*model);
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
   EngineLoop loop(engine);

@@ -8,18 +8,23 @@
 #include "apps/commands.h"
 #include "base/error.h"
 #include "engine/engine.h"
+#include "engine/heads.h"
 #include "engine/speculative.h"
 
 namespace serval::cli {
 
 // Speculative decoding flags, shared by `generate`, `bench`, `serve` and `bench-serving`.
 struct SpecFlags {
-  std::string method, model_draft, draft_kv_memory = "256MiB";
+  std::vector<std::string> method;  // METHOD, or `heads FILE`
+  std::string model_draft, heads_file, draft_kv_memory = "256MiB";
   SpeculativeConfig config;
-  std::unique_ptr<Model> draft;  // loaded by load()
+  std::unique_ptr<Model> draft;           // loaded by load()
+  std::unique_ptr<DecodingHeads> heads;   // loaded by load_heads()
 
   void add_to(CLI::App* cmd) {
-    cmd->add_option("--spec", method, "speculative decoding: none (default), ngram (prompt lookup) or draft");
+    cmd->add_option("--spec", method, "speculative decoding: none (default), ngram (prompt lookup), draft, or heads FILE")
+        ->expected(1, 2);
+    cmd->add_option("--spec-heads", heads_file, "decoding heads file (serval train-heads) for --spec heads (implies it)");
     cmd->add_option("--model-draft,--md", model_draft, "draft model for --spec draft (implies it): same vocabulary");
     cmd->add_option("--draft-max,--draft", config.draft_max, "tokens proposed per step at most (default 8)");
     cmd->add_option("--draft-min", config.draft_min, "shorter proposals are dropped (default 1)");
@@ -31,9 +36,11 @@ struct SpecFlags {
   }
 
   // Loads the draft model (if any) and returns the configuration; throws Error for bad values.
+  // load_heads() must have run first when heads are wanted (they need the target model).
   SpeculativeConfig load() {
     SpeculativeConfig c = config;
-    c.method = parse_spec_method(method.empty() && !model_draft.empty() ? "draft" : method);
+    c.method = parse_spec_method(method_name());
+    c.heads = heads.get();
     if (c.method == SpecMethod::Draft) {
       check(!model_draft.empty(), "--spec draft needs a draft model (--model-draft FILE)");
       if (!draft) draft = Model::load(resolve_model_path(model_draft));  // once, however often asked
@@ -42,6 +49,20 @@ struct SpecFlags {
     }
     c.validate();
     return c;
+  }
+
+  std::string method_name() const {
+    if (!method.empty()) return method[0];
+    if (!heads_file.empty()) return "heads";
+    return model_draft.empty() ? "none" : "draft";
+  }
+
+  // Loads the heads file for `target` when the method is heads (once).
+  void load_heads(const Model& target) {
+    if (method_name() != "heads" || heads) return;
+    const std::string file = method.size() == 2 ? method[1] : heads_file;
+    check(!file.empty(), "--spec heads needs a heads file (--spec heads FILE; serval train-heads makes one)");
+    heads = std::make_unique<DecodingHeads>(DecodingHeads::load(file, target));
   }
 };
 

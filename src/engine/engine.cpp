@@ -239,7 +239,7 @@ void Engine::record_verification(size_t n_draft, size_t n_accepted) {
   for (size_t i = 0; i < n_accepted && i < st.accepted_per_pos.size(); ++i) ++st.accepted_per_pos[i];
 }
 
-bool Engine::accept_tokens(Request& r, int64_t row) {
+int64_t Engine::accept_tokens(Request& r, int64_t row) {
   const std::vector<int32_t> draft = std::move(r.draft);
   r.draft.clear();
   const int64_t n_vocab = model_.config().n_vocab;
@@ -255,10 +255,11 @@ bool Engine::accept_tokens(Request& r, int64_t row) {
   }
   record_verification(draft.size(), n_accepted);
   // Adapt: double the proposal length after a draft kept whole, else propose one more than was kept.
-  if (alive && !draft.empty())
+  if (!alive) return -1;
+  if (!draft.empty())
     r.spec_len = n_accepted == draft.size() ? std::min(config_.spec.draft_max, 2 * std::max(1, r.spec_len))
                                             : int32_t(n_accepted) + 1;
-  return alive;
+  return row + int64_t(n_accepted);
 }
 
 bool Engine::step() {
@@ -269,7 +270,8 @@ bool Engine::step() {
   if (plan.empty()) return false;
   build_batch(plan);
   try {
-    model_.forward(batch_, *cache_, logits_);
+    const bool hidden = proposer_ && proposer_->wants_hidden();
+    model_.forward(batch_, *cache_, logits_, hidden ? &hidden_ : nullptr);
   } catch (...) {
     return_block_tables(plan);
     throw;
@@ -280,10 +282,12 @@ bool Engine::step() {
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
     r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
-    if (logit_row_[s] >= 0 && !accept_tokens(r, logit_row_[s])) continue;  // finished
+    const int64_t last_row = logit_row_[s] >= 0 ? accept_tokens(r, logit_row_[s]) : -2;
+    if (last_row == -1) continue;  // finished
     // KV of rejected draft tokens is left in its slots, to be overwritten: not computed.
     r.num_computed_tokens = std::min(r.num_computed_tokens, r.num_tokens() - 1);
-    if (proposer_) proposer_->verified(r);
+    if (proposer_ && last_row >= 0)
+      proposer_->verified(r, hidden_.empty() ? nullptr : hidden_.data() + last_row * model_.config().n_embd);
     kv_->hash_blocks(r.tokens, r.block_hashes);  // only blocks not hashed before
     kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens);
   }

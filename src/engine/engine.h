@@ -96,6 +96,7 @@ class Engine {
   int64_t arrivals_ = 0;
   EngineStats counters_;
   std::vector<float> logits_;
+  std::vector<float> hidden_;  // final hidden states of the logits rows (when the proposer wants them)
   // Reused from step to step (no allocation in the steady state).
   Batch batch_;
   std::vector<int64_t> logit_row_;
@@ -111,8 +112,9 @@ class Engine {
   // Asks the proposer for draft tokens of the running requests that are decoding (when few run).
   void propose_drafts();
   // Samples `r`'s logits rows from `row` on: row i follows its tokens and the first i draft tokens, and
-  // draft token i is kept while the sample equals it. Emits each token; false when `r` finished.
-  bool accept_tokens(Request& r, int64_t row);
+  // draft token i is kept while the sample equals it. Emits each token. Returns the row of the last
+  // token sampled, or -1 when `r` finished.
+  int64_t accept_tokens(Request& r, int64_t row);
   // Appends and streams one sampled token; finishes `r` (and returns false) on a stop or a limit.
   bool emit(Request& r, const SampleResult& sample);
   void record_verification(size_t n_draft, size_t n_accepted);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "engine/heads.h"
 #include "sampling/sampler.h"
 
 namespace serval {
@@ -11,7 +12,8 @@ SpecMethod parse_spec_method(const std::string& name) {
   if (name == "none" || name.empty()) return SpecMethod::None;
   if (name == "ngram") return SpecMethod::Ngram;
   if (name == "draft") return SpecMethod::Draft;
-  fail("unknown speculative method '{}' (none, ngram or draft)", name);
+  if (name == "heads") return SpecMethod::Heads;
+  fail("unknown speculative method '{}' (none, ngram, draft or heads)", name);
 }
 
 const char* to_string(SpecMethod m) {
@@ -19,6 +21,7 @@ const char* to_string(SpecMethod m) {
     case SpecMethod::None: return "none";
     case SpecMethod::Ngram: return "ngram";
     case SpecMethod::Draft: return "draft";
+    case SpecMethod::Heads: return "heads";
   }
   return "?";
 }
@@ -30,6 +33,7 @@ void SpeculativeConfig::validate() const {
         "n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})", ngram_min, ngram_max);
   check(max_running >= 1, "--spec-max-running must be at least 1 (got {})", max_running);
   check(method != SpecMethod::Draft || draft_model, "speculative method 'draft' needs a draft model (--model-draft)");
+  check(method != SpecMethod::Heads || heads, "speculative method 'heads' needs a heads file (--spec-heads FILE)");
 }
 
 void check_same_vocabulary(const Model& target, const Model& draft) {
@@ -147,7 +151,7 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
   }
 }
 
-void DraftModelProposer::verified(const Request& r) {
+void DraftModelProposer::verified(const Request& r, const float*) {
   auto it = seqs_.find(r.id);
   if (it != seqs_.end()) it->second.computed = std::min(it->second.computed, r.num_tokens() - 1);
 }
@@ -160,6 +164,25 @@ int64_t DraftModelProposer::blocks_in_use() const {
   return n;
 }
 
+// ---- decoding heads ------------------------------------------------------------------------------
+
+void HeadsProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Request& r = *reqs[i];
+    r.draft.clear();
+    auto it = last_.find(r.id);
+    if (it == last_.end() || it->second.n_tokens != r.num_tokens()) continue;  // no hidden state for its last token
+    heads_.propose(it->second.hidden.data(), limits[i], r.draft);
+  }
+}
+
+void HeadsProposer::verified(const Request& r, const float* hidden) {
+  if (!hidden) return;
+  Last& l = last_[r.id];
+  l.n_tokens = r.num_tokens();
+  l.hidden.assign(hidden, hidden + heads_.n_embd);
+}
+
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const Model& target, int32_t block_size) {
   config.validate();
   switch (config.method) {
@@ -168,6 +191,10 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const M
     case SpecMethod::Draft:
       check_same_vocabulary(target, *config.draft_model);
       return std::make_unique<DraftModelProposer>(config, block_size);
+    case SpecMethod::Heads:
+      check(config.heads->n_embd == target.config().n_embd, "the heads are for hidden size {}, the model's is {}",
+            config.heads->n_embd, target.config().n_embd);
+      return std::make_unique<HeadsProposer>(*config.heads);
   }
   return nullptr;
 }

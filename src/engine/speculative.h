@@ -23,9 +23,11 @@
 
 namespace serval {
 
-enum class SpecMethod { None, Ngram, Draft };
+struct DecodingHeads;
 
-// "none", "ngram", "draft"; throws Error otherwise.
+enum class SpecMethod { None, Ngram, Draft, Heads };
+
+// "none", "ngram", "draft", "heads"; throws Error otherwise.
 SpecMethod parse_spec_method(const std::string& name);
 const char* to_string(SpecMethod m);
 
@@ -38,6 +40,7 @@ struct SpeculativeConfig {
   int32_t max_running = 4;  // with more running requests than this, nobody speculates
   const Model* draft_model = nullptr;  // SpecMethod::Draft
   uint64_t draft_kv_bytes = 64ull << 20;  // the draft model's own KV cache
+  const DecodingHeads* heads = nullptr;   // SpecMethod::Heads
 
   void validate() const;  // throws Error for impossible values
 };
@@ -59,8 +62,11 @@ class Proposer {
   virtual ~Proposer() = default;
   // Sets reqs[i]->draft to at most limits[i] tokens likely to follow reqs[i]->tokens.
   virtual void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) = 0;
-  // After verification: `r`'s tokens now hold the accepted prefix of its draft and one more token.
-  virtual void verified(const Request& /*r*/) {}
+  // Whether verified() needs the target's final hidden states.
+  virtual bool wants_hidden() const { return false; }
+  // After a step: `r`'s tokens now hold the accepted prefix of its draft and one more token, sampled
+  // from the row whose final hidden state (n_embd floats) is `hidden` (when wants_hidden()).
+  virtual void verified(const Request& /*r*/, const float* /*hidden*/) {}
   // `r` finished or was preempted: drop what is kept for it.
   virtual void forget(const Request& /*r*/) {}
   // Blocks of the proposer's own KV cache held for requests (0 for proposers without one).
@@ -87,7 +93,7 @@ class DraftModelProposer : public Proposer {
  public:
   DraftModelProposer(const SpeculativeConfig& config, int32_t block_size);
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
-  void verified(const Request& r) override;
+  void verified(const Request& r, const float* hidden) override;
   void forget(const Request& r) override;
   int64_t kv_tokens() const { return n_tokens_; }  // capacity of the draft KV cache
   int64_t blocks_in_use() const override;
@@ -108,6 +114,25 @@ class DraftModelProposer : public Proposer {
   std::vector<float> logits_;
 
   void add_to_batch(Seq& seq, int32_t row, int32_t token, int64_t pos, bool logits);
+};
+
+// Medusa-style heads (engine/heads.h): from the hidden state that gave a request's last token, head k
+// guesses the token k + 1 places after it. One chain of guesses (no token tree).
+class HeadsProposer : public Proposer {
+ public:
+  explicit HeadsProposer(const DecodingHeads& heads) : heads_(heads) {}
+  bool wants_hidden() const override { return true; }
+  void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
+  void verified(const Request& r, const float* hidden) override;
+  void forget(const Request& r) override { last_.erase(r.id); }
+
+ private:
+  struct Last {
+    int64_t n_tokens = 0;  // the request's length when `hidden` was taken
+    std::vector<float> hidden;
+  };
+  const DecodingHeads& heads_;
+  std::map<RequestId, Last> last_;
 };
 
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const Model& target, int32_t block_size);

@@ -197,7 +197,21 @@ void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
   }
 }
 
-void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits) const {
+void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden) const {
+  const auto& c = config_;
+  std::vector<float> local;
+  std::vector<float>& out_rows = hidden ? *hidden : local;
+  final_rows(batch, kv, out_rows);
+  const int64_t n_out = static_cast<int64_t>(out_rows.size()) / c.n_embd;
+  logits.resize(n_out * c.n_vocab);
+  if (n_out > 0) cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
+}
+
+void Model::forward_hidden(const Batch& batch, KvCache& kv, std::vector<float>& hidden) const {
+  final_rows(batch, kv, hidden);
+}
+
+void Model::final_rows(const Batch& batch, KvCache& kv, std::vector<float>& out_rows) const {
   const auto& c = config_;
   const int64_t n_tok = static_cast<int64_t>(batch.size());
   check(n_tok > 0, "forward: empty batch");
@@ -215,16 +229,13 @@ void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits)
     attention_block(il, batch, ropes, kv, x);
     ffn_block(il, n_tok, x);
   }
-  std::vector<float> out_rows;
+  out_rows.clear();
   for (int64_t t = 0; t < n_tok; ++t) {
     if (!batch.want_logits[t]) continue;
     out_rows.resize(out_rows.size() + c.n_embd);
     rms_norm(x.data() + t * c.n_embd, weights_.output_norm.data(), out_rows.data() + out_rows.size() - c.n_embd,
              c.n_embd, c.norm_eps);
   }
-  const int64_t n_out = static_cast<int64_t>(out_rows.size()) / c.n_embd;
-  logits.resize(n_out * c.n_vocab);
-  if (n_out > 0) cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
 }
 
 }  // namespace serval

@@ -84,8 +84,11 @@ class Model {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::string& path() const { return path_; }
 
-  // Runs the batch; writes logits [rows with want_logits, n_vocab] in batch order.
-  void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits) const;
+  // Runs the batch; writes logits [rows with want_logits, n_vocab] in batch order and, when `hidden` is
+  // given, the same rows' final hidden states (after the output norm) [rows, n_embd].
+  void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden = nullptr) const;
+  // Only the final hidden states of the want_logits rows (no output matrix: cheap for training heads).
+  void forward_hidden(const Batch& batch, KvCache& kv, std::vector<float>& hidden) const;
 
  protected:
   Model() = default;
@@ -105,6 +108,8 @@ class Model {
   void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
   void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x) const;
   void ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const;
+  // The layers over the batch, then the output norm of the want_logits rows into `rows`.
+  void final_rows(const Batch& batch, KvCache& kv, std::vector<float>& rows) const;
 };
 
 }  // namespace serval

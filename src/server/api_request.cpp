@@ -255,6 +255,35 @@ std::string render_chat(const json& body, const ApiContext& ctx) {
   }
 }
 
+// `speculative`: false (off), true (the server's setting) or {"enabled": bool, "draft_max": N}; and
+// llama-server's flat `speculative.n_max`. A cap above the server's --draft-max is the server's.
+void speculative_from(const json& b, GenJob& job) {
+  std::optional<int64_t> n_max = field<int64_t>(b, "speculative.n_max");
+  bool enabled = true;
+  if (b.contains("speculative") && !b["speculative"].is_null()) {
+    const json& s = b["speculative"];
+    if (s.is_boolean()) {
+      enabled = s.get<bool>();
+    } else if (s.is_object()) {
+      for (const auto& [key, value] : s.items())
+        if (key != "enabled" && key != "draft_max")
+          bad_request(fmt::format("unknown field 'speculative.{}' (enabled, draft_max)", key), "speculative");
+      try {
+        enabled = field<bool>(s, "enabled").value_or(true);
+        if (auto n = field<int64_t>(s, "draft_max")) n_max = n;
+      } catch (ApiError& e) {
+        e.param = "speculative";  // the field the client sent
+        throw;
+      }
+    } else {
+      bad_request("'speculative' must be a boolean or an object {\"enabled\", \"draft_max\"}", "speculative");
+    }
+  }
+  if (n_max && (*n_max < 0 || *n_max > 64))
+    bad_request(fmt::format("the speculative draft_max must be 0..64, got {}", *n_max), "speculative");
+  job.params.draft_max = !enabled ? 0 : n_max ? int32_t(*n_max) : -1;
+}
+
 GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx) {
   const Tokenizer& tok = *ctx.tokenizer;
   GenJob job;
@@ -276,6 +305,7 @@ GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx)
   const int64_t priority = field<int64_t>(b, "priority").value_or(0);
   if (priority < INT32_MIN || priority > INT32_MAX) bad_request("'priority' is out of range", "priority");
   job.params.priority = int32_t(priority);
+  speculative_from(b, job);
   return job;
 }
 

@@ -80,6 +80,14 @@ std::string Metrics::render(const EngineStats& e, const std::string& model) cons
   out += counter("prompt_tokens_total", "Prompt tokens received.", double(e.prompt_tokens));
   out += counter("generation_tokens_total", "Tokens generated.", double(e.generation_tokens));
   out += counter("num_preemptions_total", "Requests preempted (recomputed later).", double(e.preemptions));
+  out += counter("spec_decode_num_drafts_total", "Speculative verification steps with proposed tokens.", double(e.spec.drafts));
+  out += counter("spec_decode_num_draft_tokens_total", "Speculative tokens proposed.", double(e.spec.draft_tokens));
+  out += counter("spec_decode_num_accepted_tokens_total", "Speculative tokens accepted.", double(e.spec.accepted_tokens));
+  out += "# HELP serval:spec_decode_num_accepted_tokens_per_pos_total Proposals whose token at this position was "
+         "accepted.\n# TYPE serval:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+  for (size_t i = 0; i < e.spec.accepted_per_pos.size(); ++i)
+    out += fmt::format("serval:spec_decode_num_accepted_tokens_per_pos_total{{model_name=\"{}\",position=\"{}\"}} {}\n",
+                       model, i, e.spec.accepted_per_pos[i]);
   out += "# HELP serval:request_success_total Finished requests by finish reason.\n# TYPE serval:request_success_total counter\n";
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     auto it = finished_.find(reason);

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
+#include "engine/heads.h"
 #include "engine/speculative.h"
 #include "model/session.h"
 #include "test_support.h"
@@ -74,11 +75,38 @@ void expect_pool_whole(const Engine& e) {
   if (e.proposer()) EXPECT_EQ(e.proposer()->blocks_in_use(), 0) << "the draft model's KV leaked";
 }
 
+// Two heads trained briefly on the model's own greedy text (enough for some guesses to be right).
+DecodingHeads train_small_heads(const Model& m) {
+  const Outcome text = run_alone(m, m.tokenizer().encode("Once upon a time, there was a little", true), params(120, 0, 0.0f));
+  std::vector<int32_t> tokens = text.tokens;
+  const int64_t n = int64_t(tokens.size()), d = m.config().n_embd;
+  KvCache kv(m.config(), n);
+  Batch batch(m.config().n_kv_groups());
+  batch.block_tables[0].assign(1, {});
+  for (int64_t p = 0; p < n; ++p) batch.add(tokens[size_t(p)], int32_t(p), 0, int32_t(p), true), batch.block_tables[0][0].push_back(int32_t(p));
+  std::vector<float> hidden;
+  m.forward_hidden(batch, kv, hidden);
+  std::vector<int32_t> all(512);
+  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
+  DecodingHeads heads = DecodingHeads::create(m, 2, all);
+  HeadTrainer trainer(heads, 3e-3f);
+  for (int k = 0; k < 2; ++k) {
+    std::vector<int32_t> labels(size_t(n), -1);
+    for (int64_t i = 0; i + 2 + k < n; ++i) labels[size_t(i)] = tokens[size_t(i + 2 + k)];
+    for (int s = 0; s < 100; ++s) trainer.step(k, std::span<const float>(hidden.data(), size_t(n * d)), labels);
+  }
+  return heads;
+}
+
 class StoriesSpec : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { model_ = Model::load(test::shared_path("models/stories260K.gguf")).release(); }
-  static void TearDownTestSuite() { delete model_; }
+  static void SetUpTestSuite() {
+    model_ = Model::load(test::shared_path("models/stories260K.gguf")).release();
+    heads_ = new DecodingHeads(train_small_heads(*model_));
+  }
+  static void TearDownTestSuite() { delete heads_, delete model_; }
   static Model* model_;
+  static DecodingHeads* heads_;
   std::vector<int32_t> encode(const std::string& s) const { return model_->tokenizer().encode(s, true); }
 
   EngineConfig config(SpecMethod method, int32_t num_blocks = 256) const {
@@ -91,16 +119,18 @@ class StoriesSpec : public ::testing::Test {
     cfg.spec.max_running = 64;
     cfg.spec.draft_model = model_;  // the model drafting for itself: greedy drafts are all accepted
     cfg.spec.draft_kv_bytes = 1 << 20;
+    cfg.spec.heads = heads_;
     return cfg;
   }
 };
 Model* StoriesSpec::model_ = nullptr;
+DecodingHeads* StoriesSpec::heads_ = nullptr;
 
 const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
                                          "The little girl went to the park", "Lily and Tom were best friends."};
 
 TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
-  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft}) {
+  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft, SpecMethod::Heads}) {
     for (float temp : {0.0f, 1.0f}) {
       std::vector<std::vector<int32_t>> prompts;
       std::vector<GenerationParams> ps;
@@ -137,7 +167,7 @@ TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
 // max_tokens and at end-of-generation, and per-request draft caps (0: off).
 TEST_F(StoriesSpec, PreemptionLimitsAndPerRequestCaps) {
   std::mt19937 rng(7);
-  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft}) {
+  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft, SpecMethod::Heads}) {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<GenerationParams> ps;
     for (int i = 0; i < 24; ++i) {

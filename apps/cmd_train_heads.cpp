@@ -1,0 +1,276 @@
+// `serval train-heads`: Medusa-style decoding heads for a frozen model (engine/heads.h). Runs the model
+// over a text corpus once (its final hidden states, Serval's own kernels), then trains each head with
+// Adam to predict the token 2 + k places ahead, over the corpus's most frequent tokens; writes the heads
+// to a small GGUF file for `--spec heads FILE`, and the loss curves to a PNG.
+#include <fmt/core.h>
+#include <png.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "apps/commands.h"
+#include "base/error.h"
+#include "base/file_util.h"
+#include "engine/engine.h"
+#include "engine/heads.h"
+#include "model/model.h"
+
+namespace serval::cli {
+namespace {
+
+struct TrainOptions {
+  std::string model, output, loss_png;
+  std::vector<std::string> corpus;
+  int heads = 4, vocab = 4096, ctx = 512, epochs = 2, batch = 64, threads = 0;
+  int64_t max_tokens = 32768;
+  bool self_distill = false;
+  int prompt_len = 32;
+  float lr = 1e-3f;
+  uint64_t seed = 1;
+};
+
+using Clock = std::chrono::steady_clock;
+
+void progress(const char* what, int64_t done, int64_t total, const std::string& extra = "") {
+  const int width = 30, filled = total ? int(width * done / total) : width;
+  fmt::print(stderr, "\r{:<8} [{}{}] {}/{} {}", what, std::string(size_t(filled), '#'), std::string(size_t(width - filled), '.'),
+             done, total, extra);
+  if (done == total) fmt::print(stderr, "\n");
+}
+
+// The corpus files (or every file under a directory), tokenized and cut at max_tokens.
+std::vector<int32_t> corpus_tokens(const TrainOptions& o, const Tokenizer& tok) {
+  std::vector<int32_t> tokens;
+  for (const auto& path : o.corpus) {
+    std::vector<std::string> files;
+    if (std::filesystem::is_directory(path)) {
+      for (const auto& e : std::filesystem::recursive_directory_iterator(path))
+        if (e.is_regular_file()) files.push_back(e.path().string());
+      std::sort(files.begin(), files.end());
+    } else {
+      files.push_back(path);
+    }
+    for (const auto& f : files) {
+      const auto t = tok.encode(read_text_file(f), false, false);
+      tokens.insert(tokens.end(), t.begin(), t.end());
+      if (int64_t(tokens.size()) >= o.max_tokens) break;
+    }
+  }
+  if (int64_t(tokens.size()) > o.max_tokens) tokens.resize(size_t(o.max_tokens));
+  check(o.self_distill || int64_t(tokens.size()) >= 2 * o.ctx, "the corpus has {} tokens; at least two windows of {} are needed",
+        tokens.size(), o.ctx);
+  return tokens;
+}
+
+// Final hidden states of every token, window by window (each window starts a fresh context).
+std::vector<float> hidden_states(const Model& m, std::span<const int32_t> tokens, int ctx) {
+  const int64_t d = m.config().n_embd, n_windows = int64_t(tokens.size()) / ctx;
+  std::vector<float> all(static_cast<size_t>(n_windows * ctx * d)), h;
+  KvCache kv(m.config(), ctx);
+  Batch batch(m.config().n_kv_groups());
+  for (int g = 0; g < batch.n_groups(); ++g) {
+    batch.block_tables[g].assign(1, std::vector<int32_t>(size_t(ctx)));
+    std::iota(batch.block_tables[g][0].begin(), batch.block_tables[g][0].end(), 0);
+  }
+  const auto t0 = Clock::now();
+  for (int64_t w = 0; w < n_windows; ++w) {
+    batch.tokens.clear(), batch.positions.clear(), batch.seq_ids.clear(), batch.want_logits.clear();
+    for (int g = 0; g < batch.n_groups(); ++g) batch.slots[g].clear();
+    for (int p = 0; p < ctx; ++p) batch.add(tokens[size_t(w * ctx + p)], p, 0, p, true);
+    m.forward_hidden(batch, kv, h);
+    std::copy(h.begin(), h.end(), all.begin() + w * ctx * d);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    progress("forward", w + 1, n_windows, fmt::format("{:.0f} tokens/s", double((w + 1) * ctx) / s));
+  }
+  return all;
+}
+
+// Self-distillation: each window keeps its first prompt_len corpus tokens and continues with the
+// model's own greedy output, so the heads learn what the model itself will say. Windows run as
+// concurrent requests on the engine.
+std::vector<int32_t> self_distilled(const Model& m, std::span<const int32_t> corpus, int ctx, int prompt_len,
+                                    int64_t max_tokens) {
+  check(prompt_len >= 1 && prompt_len < ctx, "--prompt-len must be 1..ctx-1 (got {})", prompt_len);
+  check(int64_t(corpus.size()) > prompt_len, "the corpus has {} tokens, fewer than --prompt-len", corpus.size());
+  // Window w's prompt starts at w * prompt_len (wrapping): the corpus may be far smaller than the data.
+  const int64_t n_windows = std::max<int64_t>(2, max_tokens / ctx), n_starts = int64_t(corpus.size()) - prompt_len;
+  EngineConfig cfg;
+  cfg.num_blocks = int32_t(16 * ((ctx + 15) / 16 + 1));
+  cfg.scheduler.max_seqs = 16;
+  cfg.prefix_caching = false;
+  Engine engine(m, cfg);
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(n_windows));
+  int64_t done = 0;
+  for (int64_t w = 0; w < n_windows; ++w) {
+    const int64_t start = (w * prompt_len) % n_starts;
+    out[size_t(w)].assign(corpus.begin() + start, corpus.begin() + start + prompt_len);
+    GenerationParams p;
+    p.sampling.temperature = 0;
+    p.max_tokens = ctx - prompt_len;
+    p.ignore_eos = true;
+    engine.add_request(out[size_t(w)], p, [&out, &done, w](const TokenEvent& ev) {
+      if (!ev.finished) out[size_t(w)].push_back(ev.token), ++done;
+    });
+  }
+  const int64_t total = n_windows * (ctx - prompt_len);
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; engine.step(); ++i)
+    if (i % 8 == 0) {
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      progress("generate", done, total, fmt::format("{:.0f} tokens/s", double(done) / s));
+    }
+  progress("generate", total, total);
+  std::vector<int32_t> tokens;
+  for (const auto& o : out) tokens.insert(tokens.end(), o.begin(), o.end());
+  return tokens;
+}
+
+// A line chart of each head's smoothed training loss, written as an RGB PNG with libpng.
+void write_loss_png(const std::string& path, const std::vector<std::vector<double>>& curves) {
+  const int W = 640, H = 400, margin = 40;
+  std::vector<uint8_t> img(static_cast<size_t>(W * H * 3), 255);
+  auto put = [&](int x, int y, const uint8_t* c) {
+    if (x < 0 || y < 0 || x >= W || y >= H) return;
+    std::copy(c, c + 3, img.begin() + (y * W + x) * 3);
+  };
+  const uint8_t black[3] = {0, 0, 0}, colors[6][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},
+                                                      {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
+  for (int x = margin; x < W - margin / 2; ++x) put(x, H - margin, black);
+  for (int y = margin / 2; y < H - margin; ++y) put(margin, y, black);
+  double hi = 0;
+  size_t n = 0;
+  for (const auto& c : curves)
+    for (double v : c) hi = std::max(hi, v), n = std::max(n, c.size());
+  if (n < 2 || hi <= 0) return;
+  for (size_t k = 0; k < curves.size(); ++k) {
+    for (size_t i = 1; i < curves[k].size(); ++i) {
+      const double x0 = margin + double(i - 1) / double(n - 1) * (W - 1.5 * margin), x1 = margin + double(i) / double(n - 1) * (W - 1.5 * margin);
+      const double y0 = H - margin - curves[k][i - 1] / hi * (H - 1.5 * margin), y1 = H - margin - curves[k][i] / hi * (H - 1.5 * margin);
+      const int steps = int(std::max(std::abs(x1 - x0), std::abs(y1 - y0))) + 1;
+      for (int s = 0; s <= steps; ++s)
+        for (int t = 0; t < 2; ++t)
+          put(int(x0 + (x1 - x0) * s / steps), int(y0 + (y1 - y0) * s / steps) + t, colors[k % 6]);
+    }
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  check(f != nullptr, "cannot write '{}'", path);
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    std::fclose(f);
+    fail("writing '{}' failed", path);
+  }
+  png_init_io(png, f);
+  png_set_IHDR(png, info, W, H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  for (int y = 0; y < H; ++y) png_write_row(png, img.data() + y * W * 3);
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+}
+
+// Labels of head k for every position: the subset index of the token 2 + k ahead in the same window.
+std::vector<int32_t> labels_for(std::span<const int32_t> tokens, const std::vector<int32_t>& index, int k, int ctx,
+                                int64_t n_rows) {
+  std::vector<int32_t> labels(static_cast<size_t>(n_rows), -1);
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t j = i + 2 + k;
+    if (j / ctx == i / ctx && j < n_rows) labels[size_t(i)] = index[size_t(tokens[size_t(j)])];
+  }
+  return labels;
+}
+
+void run_train_heads(TrainOptions& o) {
+  set_threads(o.threads);
+  check(o.heads >= 1 && o.heads <= 16 && o.vocab >= 2 && o.ctx >= 8 && o.epochs >= 1 && o.batch >= 1 && o.lr > 0,
+        "bad training settings (heads 1..16, vocab >= 2, ctx >= 8, epochs >= 1, batch >= 1, lr > 0)");
+  auto m = Model::load(resolve_model_path(o.model));
+  const int64_t d = m->config().n_embd;
+  auto tokens = corpus_tokens(o, m->tokenizer());
+  if (o.self_distill) tokens = self_distilled(*m, tokens, o.ctx, o.prompt_len, o.max_tokens);
+  const std::vector<float> hidden = hidden_states(*m, tokens, o.ctx);
+  const int64_t n_rows = int64_t(hidden.size()) / d;
+  DecodingHeads heads = DecodingHeads::create(*m, o.heads, frequent_tokens(std::span(tokens).first(size_t(n_rows)), o.vocab, m->tokenizer().n_vocab()));
+  std::vector<int32_t> index(static_cast<size_t>(m->tokenizer().n_vocab()), -1);
+  for (size_t v = 0; v < heads.vocab.size(); ++v) index[size_t(heads.vocab[v])] = int32_t(v);
+  // The last window (at least 1/20 of the rows) is held out for validation.
+  const int64_t n_val = std::max<int64_t>(o.ctx, (n_rows / 20) / o.ctx * o.ctx), n_train = n_rows - n_val;
+  HeadTrainer trainer(heads, o.lr);
+  std::vector<std::vector<double>> curves(size_t(o.heads));
+  std::mt19937_64 rng(o.seed);
+  std::vector<int64_t> order(static_cast<size_t>(n_train));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t steps_per_epoch = (n_train + o.batch - 1) / o.batch;
+  std::vector<float> h_batch;
+  std::vector<int32_t> l_batch;
+  for (int k = 0; k < o.heads; ++k) {
+    const auto labels = labels_for(tokens, index, k, o.ctx, n_rows);
+    double smooth = 0;
+    for (int e = 0; e < o.epochs; ++e) {
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int64_t s = 0; s < steps_per_epoch; ++s) {
+        h_batch.clear(), l_batch.clear();
+        for (int64_t i = s * o.batch; i < std::min(n_train, (s + 1) * o.batch); ++i) {
+          const int64_t r = order[size_t(i)];
+          h_batch.insert(h_batch.end(), hidden.begin() + r * d, hidden.begin() + (r + 1) * d);
+          l_batch.push_back(labels[size_t(r)]);
+        }
+        const double l = trainer.step(k, h_batch, l_batch);
+        smooth = (e == 0 && s == 0) ? l : 0.98 * smooth + 0.02 * l;
+        curves[size_t(k)].push_back(smooth);
+        if (s % 10 == 0 || s + 1 == steps_per_epoch)
+          progress(fmt::format("head {}", k).c_str(), e * steps_per_epoch + s + 1, o.epochs * steps_per_epoch,
+                   fmt::format("epoch {} loss {:.3f}", e + 1, smooth));
+      }
+    }
+    const std::span<const float> hv(hidden.data() + n_train * d, size_t(n_val * d));
+    const std::span<const int32_t> lv(labels.data() + n_train, size_t(n_val));
+    int64_t right = 0, n_lab = 0;
+    std::vector<int32_t> guess;
+    for (int64_t r = 0; r < n_val; ++r) {
+      if (lv[size_t(r)] < 0) continue;
+      heads.propose(hv.data() + r * d, k + 1, guess);
+      right += guess.back() == heads.vocab[size_t(lv[size_t(r)])];
+      ++n_lab;
+    }
+    fmt::print(stderr, "head {}: validation loss {:.3f}, top-1 accuracy {:.1f} % ({} of {} held-out tokens)\n", k,
+               trainer.loss(k, hv, lv), n_lab ? 100.0 * double(right) / double(n_lab) : 0.0, right, n_lab);
+  }
+  heads.save(o.output, std::filesystem::path(m->path()).filename().string());
+  fmt::print(stderr, "wrote {} ({} heads, {} vocabulary entries, {} training tokens)\n", o.output, o.heads,
+             heads.vocab.size(), n_train);
+  if (!o.loss_png.empty()) write_loss_png(o.loss_png, curves), fmt::print(stderr, "wrote {}\n", o.loss_png);
+}
+
+}  // namespace
+
+void add_train_heads(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train-heads", "Train Medusa-style decoding heads for --spec heads");
+  auto o = std::make_shared<TrainOptions>();
+  cmd->add_option("-m,--model", o->model, "the (frozen) target model")->required();
+  cmd->add_option("-f,--file", o->corpus, "training text: files or directories (repeatable)")->required();
+  cmd->add_option("-o,--output", o->output, "heads file to write (GGUF)")->required();
+  cmd->add_option("--heads", o->heads, "number of heads (default 4)");
+  cmd->add_option("--vocab", o->vocab, "most frequent corpus tokens the heads can propose (default 4096)");
+  cmd->add_option("--tokens", o->max_tokens, "corpus tokens used at most (default 32768)");
+  cmd->add_option("-c,--ctx-size", o->ctx, "window the model reads at once (default 512)");
+  cmd->add_option("--epochs", o->epochs, "passes over the corpus (default 2)");
+  cmd->add_option("--batch", o->batch, "rows per Adam step (default 64)");
+  cmd->add_option("--lr", o->lr, "Adam learning rate (default 1e-3)");
+  cmd->add_option("--seed", o->seed, "shuffling seed (default 1)");
+  cmd->add_flag("--self-distill", o->self_distill,
+                "train on the model's own greedy continuations of each window's first tokens");
+  cmd->add_option("--prompt-len", o->prompt_len, "with --self-distill: corpus tokens kept per window (default 32)");
+  cmd->add_option("--loss-png", o->loss_png, "write the training loss curves to this PNG");
+  cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
+  cmd->callback([o] { run_train_heads(*o); });
+}
+
+}  // namespace serval::cli

@@ -1,0 +1,246 @@
+#include "engine/heads.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+
+namespace serval {
+namespace {
+
+WeightMatrix f32_matrix(const float* data, int64_t rows, int64_t cols) {
+  WeightMatrix m;
+  m.type = DType::F32;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = reinterpret_cast<const uint8_t*>(data);
+  m.row_stride = size_t(cols) * sizeof(float);
+  return m;
+}
+
+// out[c][r] = in[r][c] for an r x c matrix.
+std::vector<float> transpose(std::span<const float> in, int64_t rows, int64_t cols) {
+  std::vector<float> out(in.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+  return out;
+}
+
+float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+}  // namespace
+
+std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n, int32_t n_vocab) {
+  std::vector<int64_t> count(size_t(n_vocab), 0);
+  for (int32_t t : tokens)
+    if (t >= 0 && t < n_vocab) ++count[size_t(t)];
+  std::vector<int32_t> ids(static_cast<size_t>(n_vocab), 0);
+  for (int32_t i = 0; i < n_vocab; ++i) ids[size_t(i)] = i;
+  n = std::min(n, n_vocab);
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                    [&](int32_t a, int32_t b) { return count[a] != count[b] ? count[a] > count[b] : a < b; });
+  ids.resize(size_t(n));
+  return ids;
+}
+
+DecodingHeads DecodingHeads::create(const Model& target, int n_heads, std::vector<int32_t> vocab) {
+  check(n_heads >= 1 && n_heads <= 16, "the number of heads must be 1..16 (got {})", n_heads);
+  check(!vocab.empty(), "the heads' vocabulary is empty");
+  DecodingHeads h;
+  h.n_embd = int32_t(target.config().n_embd);
+  h.n_vocab = target.tokenizer().n_vocab();
+  h.vocab = std::move(vocab);
+  const size_t d = size_t(h.n_embd);
+  h.w.assign(size_t(n_heads), std::vector<float>(d * d, 0.0f));
+  h.b.assign(size_t(n_heads), std::vector<float>(d, 0.0f));
+  h.init_output(target);
+  return h;
+}
+
+void DecodingHeads::init_output(const Model& target) {
+  const size_t d = size_t(n_embd);
+  out.assign(vocab.size() * d, 0.0f);
+  for (size_t v = 0; v < vocab.size(); ++v) get_row(target.weights().output, vocab[v], out.data() + v * d);
+}
+
+DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) {
+  GgufFile f(path);
+  check(f.find_string("general.architecture").value_or("") == "serval-heads",
+        "{} is not a decoding-heads file (general.architecture is not 'serval-heads')", path);
+  DecodingHeads h;
+  h.n_embd = int32_t(f.get_int("serval-heads.n_embd"));
+  h.n_vocab = int32_t(f.get_int("serval-heads.n_vocab"));
+  const int64_t n_heads = f.get_int("serval-heads.count");
+  check(h.n_embd == target.config().n_embd, "{}: heads for hidden size {}, the model's is {}", path, h.n_embd,
+        target.config().n_embd);
+  check(h.n_vocab == target.tokenizer().n_vocab(), "{}: heads for a vocabulary of {} tokens, the model's has {}", path,
+        h.n_vocab, target.tokenizer().n_vocab());
+  check(n_heads >= 1 && n_heads <= 16, "{}: {} heads (1..16 expected)", path, n_heads);
+  auto tensor = [&](const std::string& name, uint64_t n) {
+    const TensorRef* t = f.find_tensor(name);
+    check(t != nullptr, "{}: tensor '{}' is missing", path, name);
+    check(t->type == DType::F32 && t->n_elements() == n, "{}: tensor '{}' must be F32 with {} elements", path, name, n);
+    const float* p = reinterpret_cast<const float*>(t->data);
+    return std::vector<float>(p, p + n);
+  };
+  const TensorRef* vt = f.find_tensor("heads.vocab");
+  check(vt != nullptr && vt->type == DType::F32 && vt->ne.size() == 1 && vt->ne[0] >= 1,
+        "{}: tensor 'heads.vocab' (F32 token ids) is missing or malformed", path);
+  for (float id : tensor("heads.vocab", vt->ne[0])) {
+    check(id >= 0 && id < float(h.n_vocab) && id == std::floor(id), "{}: vocabulary entry {} is not a token id", path, id);
+    h.vocab.push_back(int32_t(id));
+  }
+  const uint64_t d = uint64_t(h.n_embd);
+  for (int64_t k = 0; k < n_heads; ++k) {
+    h.w.push_back(tensor("heads." + std::to_string(k) + ".weight", d * d));
+    h.b.push_back(tensor("heads." + std::to_string(k) + ".bias", d));
+  }
+  h.init_output(target);
+  return h;
+}
+
+void DecodingHeads::save(const std::string& path, const std::string& target_name) const {
+  GgufWriter g;
+  g.add_string("general.architecture", "serval-heads");
+  g.add_string("serval-heads.target", target_name);
+  g.add_u32("serval-heads.count", uint32_t(n_heads()));
+  g.add_u32("serval-heads.n_embd", uint32_t(n_embd));
+  g.add_u32("serval-heads.n_vocab", uint32_t(n_vocab));
+  std::vector<float> ids(vocab.begin(), vocab.end());  // exact below 2^24
+  g.add_f32_tensor("heads.vocab", {ids.size()}, ids.data());
+  const uint64_t d = uint64_t(n_embd);
+  for (int k = 0; k < n_heads(); ++k) {
+    g.add_f32_tensor("heads." + std::to_string(k) + ".weight", {d, d}, w[size_t(k)].data());
+    g.add_f32_tensor("heads." + std::to_string(k) + ".bias", {d}, b[size_t(k)].data());
+  }
+  g.write(path);
+}
+
+void DecodingHeads::block(int k, const float* h, float* a, float* z) const {
+  const int64_t d = n_embd;
+  for (int64_t i = 0; i < d; ++i) {
+    const float zi = cpu::dot(w[size_t(k)].data() + i * d, h, d) + b[size_t(k)][size_t(i)];
+    if (z) z[i] = zi;
+    a[i] = h[i] + zi * sigmoid(zi);
+  }
+}
+
+void DecodingHeads::propose(const float* h, int n, std::vector<int32_t>& guesses) const {
+  guesses.clear();
+  const int64_t d = n_embd, nv = int64_t(vocab.size());
+  std::vector<float> a(static_cast<size_t>(d)), scores(static_cast<size_t>(nv));
+  const WeightMatrix u = f32_matrix(out.data(), nv, d);
+  for (int k = 0; k < std::min(n, n_heads()); ++k) {
+    block(k, h, a.data());
+    cpu::matmul(u, a.data(), scores.data(), 1);
+    guesses.push_back(vocab[size_t(std::max_element(scores.begin(), scores.end()) - scores.begin())]);
+  }
+}
+
+// ---- training ------------------------------------------------------------------------------------
+
+HeadTrainer::HeadTrainer(DecodingHeads& heads, float learning_rate) : heads_(heads), lr_(learning_rate) {
+  const size_t n = size_t(heads.n_heads()), d = size_t(heads.n_embd);
+  m_w_.assign(n, std::vector<float>(d * d, 0.0f));
+  v_w_ = m_w_;
+  m_b_.assign(n, std::vector<float>(d, 0.0f));
+  v_b_ = m_b_;
+  t_.assign(n, 0);
+}
+
+double HeadTrainer::gradients(int k, std::span<const float> h, std::span<const int32_t> labels, std::vector<float>& dw,
+                              std::vector<float>& db) const {
+  const DecodingHeads& H = heads_;
+  const int64_t d = H.n_embd, nv = int64_t(H.vocab.size()), n = int64_t(labels.size());
+  check(int64_t(h.size()) == n * d, "internal: {} hidden values for {} rows", h.size(), n);
+  const int64_t n_valid = std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; });
+  dw.assign(size_t(d * d), 0.0f);
+  db.assign(size_t(d), 0.0f);
+  if (n_valid == 0) return 0;
+  // Forward: z = W h + b, a = h + SiLU(z), scores = U a.
+  std::vector<float> z(static_cast<size_t>(n * d)), a(static_cast<size_t>(n * d)), scores(static_cast<size_t>(n * nv));
+  cpu::matmul(f32_matrix(H.w[size_t(k)].data(), d, d), h.data(), z.data(), n);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < d; ++i) {
+      float& zi = z[size_t(r * d + i)];
+      zi += H.b[size_t(k)][size_t(i)];
+      a[size_t(r * d + i)] = h[size_t(r * d + i)] + zi * sigmoid(zi);
+    }
+  cpu::matmul(f32_matrix(H.out.data(), nv, d), a.data(), scores.data(), n);
+  // Softmax cross-entropy; scores become dL/dscores = (p - onehot) / n_valid (0 for unlabelled rows).
+  double loss = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    float* s = scores.data() + r * nv;
+    if (labels[size_t(r)] < 0) {
+      std::fill(s, s + nv, 0.0f);
+      continue;
+    }
+    const float mx = *std::max_element(s, s + nv);
+    double sum = 0;
+    for (int64_t v = 0; v < nv; ++v) sum += std::exp(double(s[v] - mx));
+    loss += std::log(sum) + mx - s[labels[size_t(r)]];
+    for (int64_t v = 0; v < nv; ++v) s[v] = float(std::exp(double(s[v] - mx)) / sum / double(n_valid));
+    s[labels[size_t(r)]] -= 1.0f / float(n_valid);
+  }
+  // Backward: dA = G U (U^T as the weight), dZ = dA * SiLU'(z), dW = dZ^T h, db = sum dZ.
+  const std::vector<float> ut = transpose(H.out, nv, d);
+  std::vector<float> dz(static_cast<size_t>(n * d));
+  cpu::matmul(f32_matrix(ut.data(), d, nv), scores.data(), dz.data(), n);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < d; ++i) {
+      const float zi = z[size_t(r * d + i)], s = sigmoid(zi);
+      dz[size_t(r * d + i)] *= s * (1.0f + zi * (1.0f - s));
+      db[size_t(i)] += dz[size_t(r * d + i)];
+    }
+  // dW^T[j][i] = sum_r h[r][j] dz[r][i]: dz^T [d x n] as the weight, h^T rows as the activations.
+  const std::vector<float> dzt = transpose(dz, n, d), ht = transpose(h, n, d);
+  std::vector<float> dwt(static_cast<size_t>(d * d));
+  cpu::matmul(f32_matrix(dzt.data(), d, n), ht.data(), dwt.data(), d);
+  dw = transpose(dwt, d, d);
+  return loss / double(n_valid);
+}
+
+double HeadTrainer::loss(int k, std::span<const float> h, std::span<const int32_t> labels) const {
+  const DecodingHeads& H = heads_;
+  const int64_t d = H.n_embd, nv = int64_t(H.vocab.size()), n = int64_t(labels.size());
+  std::vector<float> a(static_cast<size_t>(n * d)), scores(static_cast<size_t>(n * nv));
+  for (int64_t r = 0; r < n; ++r) H.block(k, h.data() + r * d, a.data() + r * d);
+  cpu::matmul(f32_matrix(H.out.data(), nv, d), a.data(), scores.data(), n);
+  double loss = 0;
+  int64_t n_valid = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    if (labels[size_t(r)] < 0) continue;
+    const float* s = scores.data() + r * nv;
+    const float mx = *std::max_element(s, s + nv);
+    double sum = 0;
+    for (int64_t v = 0; v < nv; ++v) sum += std::exp(double(s[v] - mx));
+    loss += std::log(sum) + mx - s[labels[size_t(r)]];
+    ++n_valid;
+  }
+  return n_valid ? loss / double(n_valid) : 0.0;
+}
+
+double HeadTrainer::step(int k, std::span<const float> h, std::span<const int32_t> labels) {
+  std::vector<float> dw, db;
+  const double l = gradients(k, h, labels, dw, db);
+  const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  const int64_t t = ++t_[size_t(k)];
+  const float c1 = 1.0f / (1.0f - std::pow(b1, float(t))), c2 = 1.0f / (1.0f - std::pow(b2, float(t)));
+  auto adam = [&](std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      p[i] -= lr_ * (m[i] * c1) / (std::sqrt(v[i] * c2) + eps);
+    }
+  };
+  adam(heads_.w[size_t(k)], dw, m_w_[size_t(k)], v_w_[size_t(k)]);
+  adam(heads_.b[size_t(k)], db, m_b_[size_t(k)], v_b_[size_t(k)]);
+  return l;
+}
+
+}  // namespace serval

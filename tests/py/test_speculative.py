@@ -1,0 +1,92 @@
+"""Speculative decoding end to end: `serval generate` and `serval serve` with prompt lookup and a draft
+model give exactly the text of plain decoding, report what they accepted (summary line, /metrics),
+and refuse bad flags and request fields with a message naming them."""
+import openai
+import pytest
+
+from conftest import MODELS, cached_model, run
+from server_util import Server
+
+MODEL = "qwen2.5-coder-0.5b-instruct"
+STORIES = MODELS / "stories260K.gguf"
+EDIT = [{"role": "user", "content": "Rename the variable `total` to `acc` and return the whole code.\n\n"
+         "def sum_list(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"}]
+
+
+@pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--model-draft", STORIES]])
+def test_generate_with_speculation_prints_the_plain_text(flags):
+    args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 60, "--seed", 3]
+    for temp in ["0", "0.9"]:
+        plain = run(*args, "--temp", temp)
+        spec = run(*args, "--temp", temp, *flags)
+        assert spec.stdout == plain.stdout
+        assert "speculative" in spec.stderr and "accepted" in spec.stderr
+        assert "speculative" not in plain.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--spec", "medusa"], "unknown speculative method 'medusa'"),
+    (["--spec", "draft"], "--model-draft"),
+    (["--spec", "ngram", "--draft-max", "0"], "--draft-max must be 1..64"),
+    (["--model-draft", MODELS / "TinyStories-656K-Q8_0.gguf"], "vocabulary has 2048 tokens, the target's 512"),
+])
+def test_bad_speculative_flags_are_clear_errors(flags, message):
+    p = run("generate", "-m", STORIES, "-p", "Once", "-n", 4, *flags, check=False)
+    assert p.returncode != 0
+    assert message in p.stderr, p.stderr
+    assert "Aborted" not in p.stderr and "terminate called" not in p.stderr
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(cached_model(MODEL), "--spec", "ngram", "--draft-max", 8, name=MODEL)
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_server_speculation_is_lossless_and_counted(server, client):
+    drafts_before = server.metric("serval:spec_decode_num_draft_tokens_total")
+    accepted_before = server.metric("serval:spec_decode_num_accepted_tokens_total")
+    spec = client.chat.completions.create(model=MODEL, messages=EDIT, max_tokens=60, temperature=0)
+    proposed = server.metric("serval:spec_decode_num_draft_tokens_total") - drafts_before
+    accepted = server.metric("serval:spec_decode_num_accepted_tokens_total") - accepted_before
+    assert proposed > 0 and 0 < accepted <= proposed
+    assert server.metric("serval:spec_decode_num_accepted_tokens_per_pos_total") >= accepted
+    off = client.chat.completions.create(model=MODEL, messages=EDIT, max_tokens=60, temperature=0,
+                                         extra_body={"speculative": False})
+    assert server.metric("serval:spec_decode_num_draft_tokens_total") - drafts_before == proposed, "off means off"
+    assert spec.choices[0].message.content == off.choices[0].message.content
+    assert spec.usage.completion_tokens == off.usage.completion_tokens
+    # Streaming, sampled with a seed, with a per-request cap: the same text as without speculation.
+    kw = dict(model=MODEL, messages=EDIT, max_tokens=40, temperature=0.8, seed=5)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        stream=True, extra_body={"speculative": {"draft_max": 3}}, **kw) if c.choices)
+    plain = client.chat.completions.create(extra_body={"speculative": {"enabled": False}}, **kw)
+    assert streamed == plain.choices[0].message.content
+
+
+@pytest.mark.parametrize("value, message", [
+    ("yes", "'speculative' must be a boolean or an object"),
+    ({"draft_max": -1}, "draft_max must be 0..64"),
+    ({"draft_max": 1000}, "draft_max must be 0..64"),
+    ({"draft_max": "4"}, "'draft_max' must be an integer"),
+    ({"n_max": 4}, "unknown field 'speculative.n_max'"),
+    ({"enabled": 1}, "'enabled' must be a boolean"),
+])
+def test_bad_speculative_field_is_a_400_naming_it(server, value, message):
+    status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2,
+                                                      "speculative": value})
+    assert status == 400, body
+    assert message in body["error"]["message"]
+    assert body["error"]["param"] == "speculative"
+
+
+def test_llama_server_flat_n_max_is_accepted(server):
+    status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "a a a a a a", "max_tokens": 4,
+                                                      "temperature": 0, "speculative.n_max": 2})
+    assert status == 200, body

@@ -1,0 +1,142 @@
+// Decoding heads: the hand-written backprop against finite differences of the loss, training that
+// lowers the loss, the GGUF round trip with its checks, and the frequency-ranked vocabulary.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "base/error.h"
+#include "engine/heads.h"
+#include "io/gguf_writer.h"
+#include "model/model.h"
+#include "test_support.h"
+
+namespace serval {
+namespace {
+
+std::unique_ptr<Model> stories() { return Model::load(test::shared_path("models/stories260K.gguf")); }
+
+// Random heads and data on stories260K's sizes (n_embd 64), vocabulary subset of 40 tokens.
+struct Fixture {
+  std::unique_ptr<Model> m = stories();
+  DecodingHeads heads;
+  std::vector<float> h;
+  std::vector<int32_t> labels;
+  Fixture(int rows = 12) {
+    std::vector<int32_t> vocab;
+    for (int i = 0; i < 40; ++i) vocab.push_back(3 + 7 * i);
+    heads = DecodingHeads::create(*m, 2, vocab);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (auto& w : heads.w) for (auto& x : w) x = 0.1f * n(rng);
+    for (auto& b : heads.b) for (auto& x : b) x = 0.1f * n(rng);
+    for (int i = 0; i < rows * heads.n_embd; ++i) h.push_back(n(rng));
+    for (int r = 0; r < rows; ++r) labels.push_back(r % 5 == 4 ? -1 : int32_t(rng() % 40));
+  }
+};
+
+TEST(DecodingHeads, GradientsMatchFiniteDifferences) {
+  Fixture f;
+  HeadTrainer t(f.heads, 1e-3f);
+  std::vector<float> dw, db;
+  t.gradients(1, f.h, f.labels, dw, db);
+  const float eps = 1e-2f;
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 20; ++trial) {
+    const bool bias = trial % 4 == 0;
+    auto& p = bias ? f.heads.b[1] : f.heads.w[1];
+    const size_t i = rng() % p.size();
+    const float keep = p[i];
+    p[i] = keep + eps;
+    const double up = t.loss(1, f.h, f.labels);
+    p[i] = keep - eps;
+    const double down = t.loss(1, f.h, f.labels);
+    p[i] = keep;
+    const double numeric = (up - down) / (2 * eps), analytic = bias ? db[i] : dw[i];
+    EXPECT_NEAR(analytic, numeric, 2e-3 + 0.02 * std::abs(numeric)) << (bias ? "b" : "W") << "[" << i << "]";
+  }
+  EXPECT_NEAR(t.gradients(1, f.h, f.labels, dw, db), t.loss(1, f.h, f.labels), 1e-4) << "the loss both ways";
+}
+
+TEST(DecodingHeads, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
+  Fixture f(64);
+  HeadTrainer t(f.heads, 3e-3f);
+  const auto other = f.heads.w[0];
+  const double before = t.loss(1, f.h, f.labels);
+  for (int s = 0; s < 150; ++s) t.step(1, f.h, f.labels);
+  EXPECT_LT(t.loss(1, f.h, f.labels), 0.75 * before) << "random labels: slow to fit, but they must be fitted";
+  EXPECT_EQ(f.heads.w[0], other);
+  // Unlabelled rows carry no gradient.
+  std::vector<float> dw, db;
+  EXPECT_EQ(t.gradients(0, f.h, std::vector<int32_t>(64, -1), dw, db), 0.0);
+  for (float g : dw) ASSERT_EQ(g, 0.0f);
+}
+
+TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
+  // With W = 0 and b = 0 the block is the identity: every head's guess is the target's own argmax
+  // over the subset.
+  auto m = stories();
+  std::vector<int32_t> all(512);
+  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
+  const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
+  std::vector<float> h(64);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n;
+  for (auto& x : h) x = n(rng);
+  std::vector<float> logits(512);
+  for (int v = 0; v < 512; ++v) logits[size_t(v)] = [&] {
+    std::vector<float> row(64);
+    get_row(m->weights().output, v, row.data());
+    double s = 0;
+    for (int i = 0; i < 64; ++i) s += double(row[size_t(i)]) * h[size_t(i)];
+    return float(s);
+  }();
+  const int32_t want = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> guesses;
+  heads.propose(h.data(), 2, guesses);
+  EXPECT_EQ(guesses, (std::vector<int32_t>{want, want}));
+}
+
+TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {
+  Fixture f;
+  const std::string path = testing::TempDir() + "/heads.gguf";
+  f.heads.save(path, "stories260K.gguf");
+  const DecodingHeads back = DecodingHeads::load(path, *f.m);
+  EXPECT_EQ(back.vocab, f.heads.vocab);
+  EXPECT_EQ(back.w, f.heads.w);
+  EXPECT_EQ(back.b, f.heads.b);
+  EXPECT_EQ(back.out, f.heads.out);
+  auto other = Model::load(test::shared_path("models/TinyStories-656K-Q8_0.gguf"));
+  auto msg = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg([&] { DecodingHeads::load(path, *other); }).find("heads for hidden size 64, the model's is 128"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { DecodingHeads::load(test::shared_path("models/stories260K.gguf"), *f.m); })
+                .find("not a decoding-heads file"), std::string::npos);
+  GgufWriter g;  // a heads file with a token id outside the vocabulary
+  g.add_string("general.architecture", "serval-heads");
+  g.add_u32("serval-heads.count", 1), g.add_u32("serval-heads.n_embd", 64), g.add_u32("serval-heads.n_vocab", 512);
+  const std::vector<float> ids = {3, 600}, w(64 * 64, 0.0f), b(64, 0.0f);
+  g.add_f32_tensor("heads.vocab", {2}, ids.data());
+  g.add_f32_tensor("heads.0.weight", {64, 64}, w.data());
+  g.write(path);
+  EXPECT_NE(msg([&] { DecodingHeads::load(path, *f.m); }).find("vocabulary entry 600 is not a token id"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(DecodingHeads, FrequentTokensRankByCountThenId) {
+  const std::vector<int32_t> t = {5, 3, 5, 9, 3, 5, 1, 9, 7};
+  EXPECT_EQ(frequent_tokens(t, 3, 10), (std::vector<int32_t>{5, 3, 9}));
+  EXPECT_EQ(frequent_tokens(t, 5, 10), (std::vector<int32_t>{5, 3, 9, 1, 7}));
+  EXPECT_EQ(frequent_tokens(t, 20, 10).size(), 10u);
+}
+
+}  // namespace
+}  // namespace serval
