@@ -58,10 +58,10 @@ std::vector<int32_t> corpus_tokens(const TrainOptions& o, const Tokenizer& tok) 
     for (const auto& f : files) {
       const auto t = tok.encode(read_text_file(f), false, false);
       tokens.insert(tokens.end(), t.begin(), t.end());
-      if (int64_t(tokens.size()) >= o.max_tokens) break;
+      if (!o.self_distill && int64_t(tokens.size()) >= o.max_tokens) break;  // self-distillation: prompts from all
     }
   }
-  if (int64_t(tokens.size()) > o.max_tokens) tokens.resize(size_t(o.max_tokens));
+  if (!o.self_distill && int64_t(tokens.size()) > o.max_tokens) tokens.resize(size_t(o.max_tokens));
   check(o.self_distill || int64_t(tokens.size()) >= 2 * o.ctx, "the corpus has {} tokens; at least two windows of {} are needed",
         tokens.size(), o.ctx);
   return tokens;
@@ -97,7 +97,7 @@ std::vector<int32_t> self_distilled(const Model& m, std::span<const int32_t> cor
                                     int64_t max_tokens) {
   check(prompt_len >= 1 && prompt_len < ctx, "--prompt-len must be 1..ctx-1 (got {})", prompt_len);
   check(int64_t(corpus.size()) > prompt_len, "the corpus has {} tokens, fewer than --prompt-len", corpus.size());
-  // Window w's prompt starts at w * prompt_len (wrapping): the corpus may be far smaller than the data.
+  // Prompts are spread evenly over the corpus (wrapping when it is smaller than the data).
   const int64_t n_windows = std::max<int64_t>(2, max_tokens / ctx), n_starts = int64_t(corpus.size()) - prompt_len;
   EngineConfig cfg;
   cfg.num_blocks = int32_t(16 * ((ctx + 15) / 16 + 1));
@@ -107,7 +107,7 @@ std::vector<int32_t> self_distilled(const Model& m, std::span<const int32_t> cor
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(n_windows));
   int64_t done = 0;
   for (int64_t w = 0; w < n_windows; ++w) {
-    const int64_t start = (w * prompt_len) % n_starts;
+    const int64_t start = (w * std::max<int64_t>(1, n_starts / n_windows)) % n_starts;  // spread over the corpus
     out[size_t(w)].assign(corpus.begin() + start, corpus.begin() + start + prompt_len);
     GenerationParams p;
     p.sampling.temperature = 0;

@@ -254,11 +254,8 @@ int64_t Engine::accept_tokens(Request& r, int64_t row) {
     if (!matches) break;
   }
   record_verification(draft.size(), n_accepted);
-  // Adapt: double the proposal length after a draft kept whole, else propose one more than was kept.
   if (!alive) return -1;
-  if (!draft.empty())
-    r.spec_len = n_accepted == draft.size() ? std::min(config_.spec.draft_max, 2 * std::max(1, r.spec_len))
-                                            : int32_t(n_accepted) + 1;
+  if (!draft.empty()) r.spec_len = next_spec_len(r.spec_len, draft.size(), n_accepted, config_.spec.draft_max);
   return row + int64_t(n_accepted);
 }
 

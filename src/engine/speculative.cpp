@@ -36,6 +36,11 @@ void SpeculativeConfig::validate() const {
   check(method != SpecMethod::Heads || heads, "speculative method 'heads' needs a heads file (--spec-heads FILE)");
 }
 
+int32_t next_spec_len(int32_t current, size_t n_draft, size_t n_accepted, int32_t cap) {
+  if (n_accepted < n_draft) return int32_t(n_accepted) + 1;
+  return std::min(cap, 2 * std::max(1, current));
+}
+
 void check_same_vocabulary(const Model& target, const Model& draft) {
   const auto &a = target.tokenizer(), &b = draft.tokenizer();
   check(a.n_vocab() == b.n_vocab(), "the draft model's vocabulary has {} tokens, the target's {}", b.n_vocab(),

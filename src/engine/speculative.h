@@ -53,6 +53,10 @@ struct SpecStats {
   std::vector<int64_t> accepted_per_pos;  // [i]: drafts whose token i was accepted
 };
 
+// Adaptive proposal length: after a draft of n_draft tokens of which n_accepted were kept, the next
+// proposal may be twice as long (at most `cap`) when all were kept, else one longer than what was kept.
+int32_t next_spec_len(int32_t current, size_t n_draft, size_t n_accepted, int32_t cap);
+
 // The draft model must share the target's vocabulary token for token; throws Error naming the first
 // difference.
 void check_same_vocabulary(const Model& target, const Model& draft);

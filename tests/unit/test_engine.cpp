@@ -1,6 +1,7 @@
 // The engine end to end on real models: every request gets exactly the tokens (and log-probabilities)
 // it gets when run alone, whatever else shares its steps, whatever the chunking, with or without
 // prefix-cache hits and preemptions; aborts and finished requests return every block.
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -229,6 +230,13 @@ TEST_F(StoriesEngine, KvBudgetsInBytesAndUnits) {
     EXPECT_EQ(e.capacity().bytes_per_token, per_token);
     EXPECT_EQ(e.capacity().num_blocks, (100 * 1280 * 16 + 5) / (per_token * 16));
     EXPECT_EQ(e.capacity().tokens, e.capacity().num_blocks * 16);
+    const int64_t ctx = e.max_model_len();
+    const std::string text = e.capacity().describe(ctx);
+    const double mib = double(e.capacity().num_blocks) * 16 * double(per_token) / 1048576.0;
+    EXPECT_NE(text.find(fmt::format("{} bytes per token", per_token)), std::string::npos) << text;
+    EXPECT_NE(text.find(fmt::format("{:.1f} MiB", mib)), std::string::npos) << text;
+    EXPECT_NE(text.find(fmt::format("{:.2f} sequences of the full context ({} tokens)",
+                                    double(e.capacity().tokens) / double(ctx), ctx)), std::string::npos) << text;
   }
 }
 

@@ -105,6 +105,9 @@ TEST(JinjaArithmetic, OutOfRangeNumbersAreErrors) {
   EXPECT_ERROR("{{ (10.0 ** 300)|int }}", "integer overflow");
   EXPECT_ERROR("{{ '99999999999999999999'|int }}", "integer overflow");
   EXPECT_EQ(render("{{ 3.9|int }} {{ '-12'|int }}"), "3 -12");
+  // An integer stays exact (not through a double): 2^63 - 1 and 2^53 + 1.
+  EXPECT_EQ(render("{{ 9223372036854775807|int }} {{ n|int }}", json{{"n", 9007199254740993LL}}),
+            "9223372036854775807 9007199254740993");
 }
 
 // ---------------------------------------------------------------- sizes from template data
@@ -351,6 +354,13 @@ TEST(JinjaTemplates, LongConversationStaysWithinTheDefaultLimits) {
     const std::string out = Template(source).render(ctx);
     EXPECT_GT(out.size(), 4000000u) << name;
   }
+}
+
+TEST(JinjaTemplates, ForElseRunsForAnEmptySequenceAndParsingGoesOn) {
+  const std::string t = "{% for x in xs %}{{ x }}{% else %}empty{% endfor %}!{% for y in xs %}-{% endfor %}.";
+  EXPECT_EQ(render(t, json{{"xs", json::array()}}), "empty!.");
+  EXPECT_EQ(render(t, json{{"xs", {1, 2}}}), "12!--.");
+  EXPECT_ERROR("{% for x in xs %}{% else %}", "missing {% endfor %}", json{{"xs", json::array()}});
 }
 
 TEST(JinjaTemplates, CommonExpressionsStillWork) {

@@ -268,6 +268,15 @@ TEST(NgramProposer, ProposesWhatFollowedTheLatestLongestMatch) {
   EXPECT_TRUE(NgramProposer::lookup(std::vector<int32_t>{7}, 1, 3, 4).empty());
 }
 
+TEST(Speculative, ProposalLengthAdaptsToAcceptance) {
+  EXPECT_EQ(next_spec_len(4, 4, 4, 16), 8) << "all kept: twice as long";
+  EXPECT_EQ(next_spec_len(12, 12, 12, 16), 16) << "at most the cap";
+  EXPECT_EQ(next_spec_len(0, 3, 3, 16), 2) << "from at least 1";
+  EXPECT_EQ(next_spec_len(8, 8, 3, 16), 4) << "some rejected: one more than kept";
+  EXPECT_EQ(next_spec_len(8, 8, 0, 16), 1);
+  EXPECT_EQ(next_spec_len(8, 2, 2, 16), 16) << "a short proposal kept whole still doubles the length";
+}
+
 TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   auto msg = [](auto&& f) {
     try {
