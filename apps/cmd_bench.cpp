@@ -12,6 +12,8 @@
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
 #include "base/error.h"
+#include "base/file_util.h"
+#include "engine/engine.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/probe.h"
 #include "model/session.h"
@@ -19,12 +21,65 @@
 namespace serval::cli {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct BenchOptions {
-  std::string model, cache_type = "f16";
+  std::string model, cache_type = "f16", prompt_file;
   int n_prompt = 128, n_gen = 64, reps = 3, threads = 0;
   std::vector<int> depths{0};
   bool roofline = false;
+  mutable SpecFlags spec;
 };
+
+// With --spec: greedy generation of n_gen tokens on the engine after a prompt (the --file text, else the
+// random prompt), without and with speculation; decode tokens/s (after the first token), median of reps.
+struct SpecRow {
+  std::string test;
+  double tps;
+  std::string note;
+};
+
+std::vector<SpecRow> spec_rows(const BenchOptions& o, const Model& model, const std::vector<int32_t>& random_prompt) {
+  const std::vector<int32_t> prompt =
+      o.prompt_file.empty() ? random_prompt : model.tokenizer().encode(read_text_file(o.prompt_file), true, true);
+  check(!prompt.empty(), "the --file prompt is empty");
+  o.spec.load_heads(model);
+  std::vector<SpecRow> rows;
+  for (bool speculate : {false, true}) {
+    EngineConfig cfg;
+    cfg.kv_type = parse_cache_type(o.cache_type);
+    cfg.num_blocks = int32_t((prompt.size() + o.n_gen + 15) / 16 + 1);
+    cfg.prefix_caching = false;
+    cfg.scheduler.max_batched_tokens = std::max<int64_t>(int64_t(prompt.size()), 64);
+    if (speculate) cfg.spec = o.spec.load();
+    Engine e(model, cfg);
+    std::vector<double> tps;
+    for (int r = 0; r < o.reps; ++r) {
+      GenerationParams p;
+      p.sampling.temperature = 0;
+      p.max_tokens = o.n_gen;
+      p.ignore_eos = true;
+      Clock::time_point first;
+      int n = 0;
+      e.add_request(prompt, p, [&](const TokenEvent& ev) {
+        if (!ev.finished && n++ == 0) first = Clock::now();
+      });
+      while (e.step()) {
+      }
+      tps.push_back(double(n - 1) / std::chrono::duration<double>(Clock::now() - first).count());
+    }
+    const auto& st = e.stats().spec;
+    const std::string method = speculate ? to_string(e.spec_method()) : "none";
+    rows.push_back({fmt::format("tg{} engine, spec {}", o.n_gen, method), median(tps),
+                    speculate ? fmt::format("{} of {} proposed tokens accepted ({:.0f} %), {:.2f} tokens per step",
+                                            st.accepted_tokens, st.draft_tokens,
+                                            100.0 * double(st.accepted_tokens) / double(std::max<int64_t>(1, st.draft_tokens)),
+                                            double(e.stats().generation_tokens - o.reps) /
+                                                double(std::max<int64_t>(1, e.stats().steps - o.reps)))
+                              : ""});
+  }
+  return rows;
+}
 
 // What a forward pass reads and computes in its weight matrices: the layer matrices (every 2-D weight
 // but the token embedding and the output matrix) and the output matrix. Bytes are what the kernels
@@ -82,7 +137,6 @@ void run_bench(const BenchOptions& o) {
                wc.file_bytes * 1e-6);
   }
 
-  using Clock = std::chrono::steady_clock;
   auto secs = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   struct Row {
     std::string test, roofline;
@@ -136,7 +190,11 @@ void run_bench(const BenchOptions& o) {
       rows.push_back({fmt::format("tg{}{}", o.n_gen, at), roof, tps});
     }
   }
-  if (o.roofline) {
+  if (o.spec.method_name() != "none") {
+    fmt::print("| model | test | t/s (median of {}) | speculation |\n|---|---|---|---|\n", o.reps);
+    for (const auto& r : rows) fmt::print("| {} | {} | {:.2f} | |\n", o.model, r.test, r.tps);
+    for (const auto& r : spec_rows(o, *model, prompt)) fmt::print("| {} | {} | {:.2f} | {} |\n", o.model, r.test, r.tps, r.note);
+  } else if (o.roofline) {
     fmt::print("| model | test | t/s (median of {}) | roofline |\n|---|---|---|---|\n", o.reps);
     for (const auto& r : rows) fmt::print("| {} | {} | {:.2f} | {} |\n", o.model, r.test, r.tps, r.roofline);
   } else {
@@ -162,6 +220,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
   cmd->add_flag("--roofline", o->roofline,
                 "measure the int8 peak and read bandwidth first and show each test as a fraction of them");
+  cmd->add_option("-f,--file", o->prompt_file,
+                  "with --spec: the prompt (text) the speculative rows generate after (default: the random prompt)");
+  o->spec.add_to(cmd);
   cmd->callback([o] { run_bench(*o); });
 }
 

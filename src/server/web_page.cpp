@@ -44,6 +44,7 @@ const std::string& web_page_html() {
   <div class="stat">waiting<div id="waiting">0</div></div>
   <div class="stat">KV usage<div id="kv">0%</div></div>
   <div class="stat">prefix hit rate<div id="hit">–</div></div>
+  <div class="stat">speculative: accepted tokens per step<div id="spec">off</div></div>
  </div>
  <div class="legend">KV blocks:<i class="f"></i>free<i class="u"></i>used<i class="c"></i>cached<i class="s"></i>shared</div>
  <div id="blocks"></div>
@@ -115,6 +116,10 @@ async function poll() {
       $('running').textContent = s.running.length; $('waiting').textContent = s.waiting.length;
       $('kv').textContent = (100 * s.kv_usage).toFixed(1) + '%';
       $('hit').textContent = s.prefix_queries ? (100 * s.prefix_hits / s.prefix_queries).toFixed(1) + '%' : '–';
+      const sp = s.spec;  // tokens kept per verification step: accepted guesses plus the target's own token
+      $('spec').textContent = sp.method === 'none' ? 'off' : sp.drafts ?
+        `${(1 + sp.accepted_tokens / sp.drafts).toFixed(2)} (${sp.method}, ${(100 * sp.accepted_tokens / sp.draft_tokens).toFixed(0)}% of guesses)` :
+        `${sp.method}, no guesses yet`;
       $('blocks').innerHTML = [...s.blocks].map(b => `<i class="${b}"></i>`).join('');
       plot('ttft', s.latency.ttft); plot('tpot', s.latency.tpot);
       const last = a => a.length ? (a[a.length - 1][1] * 1000).toFixed(1) + ' ms' : '';
