@@ -1,6 +1,8 @@
 """Speculative decoding end to end: `serval generate` and `serval serve` with prompt lookup and a draft
 model give exactly the text of plain decoding, report what they accepted (summary line, /metrics),
 and refuse bad flags and request fields with a message naming them."""
+import time
+
 import openai
 import pytest
 
@@ -49,17 +51,29 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
+def settled_metric(server, name):
+    """The counter once the engine's last step is published (the reply can arrive before it)."""
+    value = server.metric(name)
+    for _ in range(50):
+        time.sleep(0.1)
+        again = server.metric(name)
+        if again == value:
+            return value
+        value = again
+    return value
+
+
 def test_server_speculation_is_lossless_and_counted(server, client):
-    drafts_before = server.metric("serval:spec_decode_num_draft_tokens_total")
-    accepted_before = server.metric("serval:spec_decode_num_accepted_tokens_total")
+    drafts_before = settled_metric(server, "serval:spec_decode_num_draft_tokens_total")
+    accepted_before = settled_metric(server, "serval:spec_decode_num_accepted_tokens_total")
     spec = client.chat.completions.create(model=MODEL, messages=EDIT, max_tokens=60, temperature=0)
-    proposed = server.metric("serval:spec_decode_num_draft_tokens_total") - drafts_before
-    accepted = server.metric("serval:spec_decode_num_accepted_tokens_total") - accepted_before
+    proposed = settled_metric(server, "serval:spec_decode_num_draft_tokens_total") - drafts_before
+    accepted = settled_metric(server, "serval:spec_decode_num_accepted_tokens_total") - accepted_before
     assert proposed > 0 and 0 < accepted <= proposed
     assert server.metric("serval:spec_decode_num_accepted_tokens_per_pos_total") >= accepted
     off = client.chat.completions.create(model=MODEL, messages=EDIT, max_tokens=60, temperature=0,
                                          extra_body={"speculative": False})
-    assert server.metric("serval:spec_decode_num_draft_tokens_total") - drafts_before == proposed, "off means off"
+    assert settled_metric(server, "serval:spec_decode_num_draft_tokens_total") - drafts_before == proposed, "off means off"
     assert spec.choices[0].message.content == off.choices[0].message.content
     assert spec.usage.completion_tokens == off.usage.completion_tokens
     # Streaming, sampled with a seed, with a per-request cap: the same text as without speculation.
