@@ -235,6 +235,30 @@ void check_model_name(const json& body, const ApiContext& ctx) {
                    "NotFoundError", "model", "model_not_found"};
 }
 
+// The messages as chat templates expect them: `content` a string. Null content (an assistant turn that
+// only called tools) becomes "", and a list of parts the text of its text parts joined by newlines, as
+// vLLM does for text-only models; other parts (images, audio) are refused.
+json template_messages(const json& messages) {
+  json out = messages;
+  for (auto& m : out) {
+    if (!m.contains("content") || m["content"].is_string()) continue;
+    if (m["content"].is_null()) {
+      m["content"] = "";
+      continue;
+    }
+    std::string text;
+    for (const auto& part : m["content"]) {
+      if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+          !part["text"].is_string())
+        bad_request("only text parts ({\"type\": \"text\", \"text\": ...}) are supported in 'content'", "messages");
+      if (!text.empty()) text += "\n";
+      text += part["text"].get<std::string>();
+    }
+    m["content"] = text;
+  }
+  return out;
+}
+
 std::string render_chat(const json& body, const ApiContext& ctx) {
   check_messages(body);
   const std::unique_ptr<jinja::Template> custom = request_template(body, ctx);
@@ -245,7 +269,7 @@ std::string render_chat(const json& body, const ApiContext& ctx) {
   const auto& v = ctx.tokenizer->vocab();
   const json& agp = body.contains("add_generation_prompt") ? body["add_generation_prompt"] : json(true);
   if (!agp.is_boolean()) bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt");
-  json vars{{"messages", body["messages"]}, {"add_generation_prompt", agp},
+  json vars{{"messages", template_messages(body["messages"])}, {"add_generation_prompt", agp},
             {"bos_token", v.bos >= 0 ? v.tokens[v.bos] : ""}, {"eos_token", v.eos >= 0 ? v.tokens[v.eos] : ""}};
   if (body.contains("tools") && !body["tools"].is_null()) vars["tools"] = body["tools"];
   try {

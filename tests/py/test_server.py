@@ -213,3 +213,41 @@ def test_logit_bias_forces_a_token(client, server):
     r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
                                   logit_bias={str(t["tokens"][0]): 100})
     assert r.choices[0].text == " banana" * 3
+
+
+def test_parameter_boundaries_are_inclusive(server, client):
+    """The last accepted value of each bounded field is accepted, the next one refused (a 400 naming it)."""
+    base = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1, "temperature": 0}
+    status, body, _ = server.post("/v1/completions", {**base, "n": 16})
+    assert status == 200 and len(body["choices"]) == 16
+    status, body, _ = server.post("/v1/completions", {**base, "n": 17})
+    assert status == 400 and body["error"]["param"] == "n"
+    status, body, _ = server.post("/v1/completions", {**base, "speculative": {"draft_max": 64}})
+    assert status == 200, body
+    status, body, _ = server.post("/v1/completions", {**base, "speculative": {"draft_max": 65}})
+    assert status == 400 and body["error"]["param"] == "speculative"
+
+
+def test_null_content_and_logprobs_without_top(server, client):
+    # An assistant turn with "content": null (as after a tool call) is a valid message.
+    msgs = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": None},
+            {"role": "user", "content": "Again."}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, temperature=0)
+    assert r.choices[0].message.content
+    # logprobs without top_logprobs: the chosen tokens' log-probabilities and no alternatives.
+    r = client.chat.completions.create(model=MODEL, messages=msgs[:1], max_tokens=3, temperature=0, logprobs=True)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == 3 and all(e.logprob <= 0 and e.top_logprobs == [] for e in entries)
+
+
+def test_content_parts_are_joined_and_non_text_parts_refused(server, client):
+    parts = [{"type": "text", "text": "What is 2 + 2?"}, {"type": "text", "text": "Answer with a number."}]
+    as_parts = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0,
+                                              messages=[{"role": "user", "content": parts}])
+    as_text = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[
+        {"role": "user", "content": "What is 2 + 2?\nAnswer with a number."}])
+    assert as_parts.choices[0].message.content == as_text.choices[0].message.content
+    assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens
+    status, body, _ = server.post("/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
+    assert status == 400 and "only text parts" in body["error"]["message"]
