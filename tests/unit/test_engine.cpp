@@ -478,6 +478,11 @@ TEST(RealModelEngine, Gemma3SlidingWindowFreesBlocksAndMatchesAlone) {
       for (int32_t b : r->kv.table(1)) held_window += b >= 0;
       EXPECT_LE(held_window, (512 + 256) / 16 + 2) << "the window group keeps only what the window needs";
       if (r->num_computed_tokens >= 700) EXPECT_GT(held_global, held_window);
+      // The engine's block counts add both groups up.
+      const EngineStats st = e.stats();
+      EXPECT_EQ(st.blocks_total, 128);
+      EXPECT_EQ(st.blocks_free, e.kv_manager().pool(0).n_free() + e.kv_manager().pool(1).n_free());
+      EXPECT_EQ(st.blocks_total - st.blocks_free, held_global + held_window);
     }
   }
   EXPECT_EQ(out[id].tokens, run_alone(*m, prompt, p).tokens);
