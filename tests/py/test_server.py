@@ -251,3 +251,10 @@ def test_content_parts_are_joined_and_non_text_parts_refused(server, client):
     status, body, _ = server.post("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
     assert status == 400 and "only text parts" in body["error"]["message"]
+
+
+def test_unknown_model_is_a_404_naming_both(server, client):
+    status, body, _ = server.post("/v1/completions", {"model": "gpt-9", "prompt": "x", "max_tokens": 1})
+    assert status == 404
+    assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
+    assert body["error"]["message"] == f"The model 'gpt-9' does not exist; this server serves '{MODEL}'"
