@@ -184,7 +184,7 @@ void lengths_from(const json& b, bool chat, GenJob& job, const ApiContext& ctx) 
   job.params.max_tokens = int32_t(max_tokens);
 }
 
-void stops_from(const json& b, GenJob& job) {
+void stops_from(const json& b, GenJob& job, int32_t n_vocab) {
   if (b.contains("stop") && !b["stop"].is_null()) {
     const json& s = b["stop"];
     if (s.is_string()) job.stops.push_back(s.get<std::string>());
@@ -200,7 +200,9 @@ void stops_from(const json& b, GenJob& job) {
       bad_request("'stop_token_ids' must be a list of at most 64 token ids", "stop_token_ids");
     for (auto& t : ids) {
       const int64_t id = t.get<int64_t>();
-      if (id >= INT32_MIN && id <= INT32_MAX) job.params.stop_token_ids.push_back(int32_t(id));
+      if (id < 0 || id >= n_vocab)
+        bad_request(fmt::format("stop token id {} is outside the vocabulary (0..{})", id, n_vocab - 1), "stop_token_ids");
+      job.params.stop_token_ids.push_back(int32_t(id));
     }
   }
 }
@@ -322,7 +324,7 @@ GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx)
   if (n < 1 || n > 16) bad_request(fmt::format("n must be between 1 and 16, got {}", n), "n");
   job.n = int(n);
   job.params.ignore_eos = field<bool>(b, "ignore_eos").value_or(false);
-  stops_from(b, job);
+  stops_from(b, job, tok.n_vocab());
   job.stream = field<bool>(b, "stream").value_or(false);
   if (b.contains("stream_options") && b["stream_options"].is_object())
     job.include_usage = field<bool>(b["stream_options"], "include_usage").value_or(false);

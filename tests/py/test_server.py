@@ -251,6 +251,9 @@ def test_content_parts_are_joined_and_non_text_parts_refused(server, client):
     status, body, _ = server.post("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
     assert status == 400 and "only text parts" in body["error"]["message"]
+    status, body, _ = server.post("/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": [{"type": "video", "text": "a text field on a part that is not text"}]}]})
+    assert status == 400 and "only text parts" in body["error"]["message"]
 
 
 def test_unknown_model_is_a_404_naming_both(server, client):
@@ -258,3 +261,18 @@ def test_unknown_model_is_a_404_naming_both(server, client):
     assert status == 404
     assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
     assert body["error"]["message"] == f"The model 'gpt-9' does not exist; this server serves '{MODEL}'"
+
+
+def test_stop_token_ids_stop_and_bad_ones_are_refused(server, client):
+    base = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 8, "temperature": 0}
+    status, plain, _ = server.post("/v1/completions", base)
+    assert status == 200 and plain["choices"][0]["finish_reason"] == "length"
+    _, tok, _ = server.post("/tokenize", {"model": MODEL, "prompt": plain["choices"][0]["text"],
+                                          "add_special_tokens": False})
+    stop_id = tok["tokens"][2]
+    status, body, _ = server.post("/v1/completions", {**base, "stop_token_ids": [stop_id]})
+    assert status == 200 and body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] <= 3
+    for bad in ["x", [-1], list(range(65))]:
+        status, body, _ = server.post("/v1/completions", {**base, "stop_token_ids": bad})
+        assert status == 400 and body["error"]["param"] == "stop_token_ids", (bad, body)
