@@ -276,3 +276,13 @@ def test_stop_token_ids_stop_and_bad_ones_are_refused(server, client):
     for bad in ["x", [-1], list(range(65))]:
         status, body, _ = server.post("/v1/completions", {**base, "stop_token_ids": bad})
         assert status == 400 and body["error"]["param"] == "stop_token_ids", (bad, body)
+
+
+def test_empty_prompt_and_overflowing_numbers_are_400s(server):
+    status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "", "max_tokens": 1})
+    assert status == 400 and body["error"]["param"] == "prompt"
+    assert body["error"]["message"] == "'prompt' must not be empty"
+    # JSON has no infinity: a number too large for a double is refused by the parser itself.
+    raw = b'{"model": "%s", "prompt": "x", "max_tokens": 1, "temperature": 1e999}' % MODEL.encode()
+    status, body, _ = server.post("/v1/completions", raw, raw=True)
+    assert status == 400 and "number overflow" in body["error"]["message"]
