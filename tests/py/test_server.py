@@ -286,3 +286,10 @@ def test_empty_prompt_and_overflowing_numbers_are_400s(server):
     raw = b'{"model": "%s", "prompt": "x", "max_tokens": 1, "temperature": 1e999}' % MODEL.encode()
     status, body, _ = server.post("/v1/completions", raw, raw=True)
     assert status == 400 and "number overflow" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("stop", [["a", 5], 7, ["x"] * 17, {"a": 1}])
+def test_bad_stop_is_a_400_naming_it(server, stop):
+    status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1, "stop": stop})
+    assert status == 400 and body["error"]["param"] == "stop"
+    assert body["error"]["message"] == "'stop' must be a string or a list of at most 16 strings"
