@@ -293,3 +293,20 @@ def test_bad_stop_is_a_400_naming_it(server, stop):
     status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1, "stop": stop})
     assert status == 400 and body["error"]["param"] == "stop"
     assert body["error"]["message"] == "'stop' must be a string or a list of at most 16 strings"
+
+
+def test_request_shape_errors_say_what_is_wrong(server):
+    # The body must be an object; `model`, if given, a string; `stop: null` means no stop strings.
+    status, body, _ = server.post("/v1/completions", b"[1, 2]", raw=True)
+    assert status == 400 and body["error"]["message"] == "The request body must be a JSON object"
+    status, body, _ = server.post("/v1/completions", {"model": 5, "prompt": "x", "max_tokens": 1})
+    assert status == 400 and body["error"]["message"] == "'model' must be a string"
+    status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1, "stop": None})
+    assert status == 200, body
+
+
+def test_text_parts_render_as_their_lines(server):
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    _, a, _ = server.post("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": parts}]})
+    _, b, _ = server.post("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "first\nsecond"}]})
+    assert a["tokens"] == b["tokens"]
