@@ -28,6 +28,8 @@ struct SpecFlags {
     cmd->add_option("--model-draft,--md", model_draft, "draft model for --spec draft (implies it): same vocabulary");
     cmd->add_option("--draft-max,--draft", config.draft_max, "tokens proposed per step at most (default 8)");
     cmd->add_option("--draft-min", config.draft_min, "shorter proposals are dropped (default 1)");
+    cmd->add_option("--draft-p-min", config.draft_p_min,
+                    "the draft model stops at a guess it gives less than this probability (default 0.8)");
     cmd->add_option("--spec-ngram-min", config.ngram_min, "prompt lookup: shortest n-gram matched (default 1)");
     cmd->add_option("--spec-ngram-max", config.ngram_max, "prompt lookup: longest n-gram matched (default 4)");
     cmd->add_option("--spec-max-running", config.max_running,

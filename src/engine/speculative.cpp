@@ -1,6 +1,7 @@
 #include "engine/speculative.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/error.h"
 #include "engine/heads.h"
@@ -32,6 +33,7 @@ void SpeculativeConfig::validate() const {
   check(ngram_min >= 1 && ngram_min <= ngram_max && ngram_max <= 64,
         "n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})", ngram_min, ngram_max);
   check(max_running >= 1, "--spec-max-running must be at least 1 (got {})", max_running);
+  check(draft_p_min >= 0 && draft_p_min <= 1, "--draft-p-min must be 0..1 (got {})", draft_p_min);
   check(method != SpecMethod::Draft || draft_model, "speculative method 'draft' needs a draft model (--model-draft)");
   check(method != SpecMethod::Heads || heads, "speculative method 'heads' needs a heads file (--spec-heads FILE)");
 }
@@ -78,7 +80,7 @@ void NgramProposer::propose(std::span<Request* const> reqs, std::span<const int3
 // ---- draft model ---------------------------------------------------------------------------------
 
 DraftModelProposer::DraftModelProposer(const SpeculativeConfig& config, int32_t block_size)
-    : model_(*config.draft_model), block_size_(block_size) {
+    : model_(*config.draft_model), block_size_(block_size), p_min_(config.draft_p_min) {
   const auto& c = model_.config();
   const int64_t per_block = c.kv_bytes_per_token(2) * block_size;
   const int32_t n_blocks = int32_t(std::max<uint64_t>(1, config.draft_kv_bytes / uint64_t(per_block)));
@@ -95,6 +97,13 @@ DraftModelProposer::DraftModelProposer(const SpeculativeConfig& config, int32_t 
   cache_ = std::make_unique<KvCache>(c, n_tokens_, DType::F16);
   batch_ = Batch(c.n_kv_groups());
   batch_.block_size = block_size;
+}
+
+float DraftModelProposer::top_probability(std::span<const float> logits, int32_t best) {
+  double sum = 0;
+  const float top = logits[size_t(best)];
+  for (float l : logits) sum += std::exp(double(l - top));
+  return float(1.0 / sum);
 }
 
 void DraftModelProposer::add_to_batch(Seq& seq, int32_t row, int32_t token, int64_t pos, bool logits) {
@@ -147,8 +156,11 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
     std::vector<int32_t> next_want;
     for (size_t s = 0; s < active.size(); ++s) {
       auto [r, seq] = active[s];
-      r->draft.push_back(argmax(std::span<const float>(logits_.data() + s * n_vocab, size_t(n_vocab))));
+      const std::span<const float> row(logits_.data() + s * n_vocab, size_t(n_vocab));
+      const int32_t best = argmax(row);
       kv_->commit(seq->kv, {}, seq->computed);
+      if (top_probability(row, best) < p_min_) continue;  // not confident: stop guessing for this one
+      r->draft.push_back(best);
       if (int32_t(r->draft.size()) < want[s]) next.push_back(active[s]), next_want.push_back(want[s]);
     }
     active = std::move(next);

@@ -39,6 +39,9 @@ struct SpeculativeConfig {
   int32_t ngram_max = 4;    // ... and the longest (tried first)
   int32_t max_running = 4;  // with more running requests than this, nobody speculates
   const Model* draft_model = nullptr;  // SpecMethod::Draft
+  // The draft model stops guessing at a token it gives less than this probability (llama.cpp's
+  // --draft-p-min): an unlikely guess costs a draft step and is likely rejected.
+  float draft_p_min = 0.8f;
   uint64_t draft_kv_bytes = 64ull << 20;  // the draft model's own KV cache
   const DecodingHeads* heads = nullptr;   // SpecMethod::Heads
 
@@ -109,6 +112,7 @@ class DraftModelProposer : public Proposer {
   };
   const Model& model_;
   int32_t block_size_;
+  float p_min_;
   int64_t n_tokens_;
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<KvCache> cache_;
@@ -118,6 +122,8 @@ class DraftModelProposer : public Proposer {
   std::vector<float> logits_;
 
   void add_to_batch(Seq& seq, int32_t row, int32_t token, int64_t pos, bool logits);
+  // Softmax probability of `best` (the argmax) in `logits`.
+  static float top_probability(std::span<const float> logits, int32_t best);
 };
 
 // Medusa-style heads (engine/heads.h): from the hidden state that gave a request's last token, head k

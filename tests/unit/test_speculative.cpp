@@ -203,6 +203,24 @@ TEST_F(StoriesSpec, ABigBatchDoesNotSpeculate) {
   EXPECT_GT(two.stats().spec.drafts, 0);
 }
 
+TEST_F(StoriesSpec, TheDraftModelStopsAtAnUnsureGuess) {
+  std::vector<std::vector<int32_t>> prompts(2, encode("Once upon a time"));
+  const std::vector<GenerationParams> ps(2, params(30, 1, 0.0f));
+  const Outcome want = run_alone(*model_, prompts[0], ps[0]);
+  int64_t proposed[3];
+  const float p_mins[3] = {0.0f, 0.8f, 1.0f};
+  for (int i = 0; i < 3; ++i) {
+    EngineConfig cfg = config(SpecMethod::Draft);
+    cfg.spec.draft_p_min = p_mins[i];
+    Engine e(*model_, cfg);
+    EXPECT_EQ(run_engine(e, prompts, ps)[0].tokens, want.tokens);
+    proposed[i] = e.stats().spec.draft_tokens;
+  }
+  EXPECT_GT(proposed[0], proposed[1]) << "a threshold drops some guesses";
+  EXPECT_GT(proposed[1], 0);
+  EXPECT_EQ(proposed[2], 0) << "no guess is surer than probability 1 on stories260K";
+}
+
 // Two-sample chi-square test of equal distributions (equal sample sizes), categories with fewer than
 // 20 in both samples together pooled; false when the statistic passes the 99.9th percentile.
 bool same_distribution(const std::map<int32_t, std::pair<int, int>>& counts, std::string& why) {
