@@ -310,3 +310,15 @@ def test_text_parts_render_as_their_lines(server):
     _, a, _ = server.post("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": parts}]})
     _, b, _ = server.post("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "first\nsecond"}]})
     assert a["tokens"] == b["tokens"]
+
+
+def test_count_and_list_bounds_at_the_edges(server):
+    base = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    status, body, _ = server.post("/v1/completions", {**base, "n": 0})
+    assert status == 400 and body["error"]["message"] == "n must be between 1 and 16, got 0"
+    status, body, _ = server.post("/v1/completions", {**base, "stop": [f"s{i}" for i in range(16)]})
+    assert status == 200, body
+    # A list of one empty string encodes to no tokens (this model adds no BOS).
+    status, body, _ = server.post("/v1/completions", {**base, "prompt": [""]})
+    assert status == 400 and body["error"]["message"] == "'prompt' must not be empty"
+    assert body["error"]["param"] == "prompt"
