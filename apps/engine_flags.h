@@ -54,6 +54,10 @@ struct SpecFlags {
   }
 
   std::string method_name() const {
+    // `--spec` takes one or two values, so `--spec ngram MODEL` would swallow a positional MODEL.
+    check(method.size() < 2 || method[0] == "heads",
+          "--spec {} takes no second value (got '{}'); only 'heads' takes a file (put the model first)",
+          method.empty() ? "" : method[0], method.size() > 1 ? method[1] : "");
     if (!method.empty()) return method[0];
     if (!heads_file.empty()) return "heads";
     return model_draft.empty() ? "none" : "draft";

@@ -6,7 +6,7 @@ import time
 import openai
 import pytest
 
-from conftest import MODELS, cached_model, run
+from conftest import DATA, MODELS, cached_model, run
 from server_util import Server
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -31,6 +31,8 @@ def test_generate_with_speculation_prints_the_plain_text(flags):
     (["--spec", "draft"], "--model-draft"),
     (["--spec", "ngram", "--draft-max", "0"], "--draft-max must be 1..64"),
     (["--model-draft", MODELS / "TinyStories-656K-Q8_0.gguf"], "vocabulary has 2048 tokens, the target's 512"),
+    (["--spec", "ngram", "extra"], "--spec ngram takes no second value (got 'extra')"),
+    (["--spec", "heads", MODELS / "stories260K.gguf"], "not a decoding-heads file"),
 ])
 def test_bad_speculative_flags_are_clear_errors(flags, message):
     p = run("generate", "-m", STORIES, "-p", "Once", "-n", 4, *flags, check=False)
@@ -104,3 +106,17 @@ def test_llama_server_flat_n_max_is_accepted(server):
     status, body, _ = server.post("/v1/completions", {"model": MODEL, "prompt": "a a a a a a", "max_tokens": 4,
                                                       "temperature": 0, "speculative.n_max": 2})
     assert status == 200, body
+
+
+def test_train_heads_writes_heads_and_a_loss_png_that_generate_uses(tmp_path):
+    heads, png = tmp_path / "heads.gguf", tmp_path / "loss.png"
+    p = run("train-heads", "-m", STORIES, "-f", DATA / "tinystory.txt", "-o", heads,
+            "--heads", 2, "--vocab", 128, "-c", 64, "--tokens", 4096, "--self-distill", "--prompt-len", 8,
+            "--loss-png", png)
+    assert "head 0: validation loss" in p.stderr and "head 1: validation loss" in p.stderr
+    assert heads.stat().st_size > 2 * 64 * 64 * 4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 40, "--temp", 0]
+    spec = run(*args, "--spec", "heads", heads)
+    assert spec.stdout == run(*args).stdout
+    assert "speculative heads" in spec.stderr
