@@ -13,35 +13,14 @@
 #include "engine/engine_loop.h"
 #include "engine/naive_engine.h"
 #include "model/session.h"
+#include "engine_support.h"
 #include "test_support.h"
 
 namespace serval {
 namespace {
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  FinishReason reason = FinishReason::None;
-};
-
-// The oracle: one sequence on its own cache, sampled with the same parameters.
-Outcome run_alone(const Model& m, const std::vector<int32_t>& prompt, const GenerationParams& p) {
-  SingleSequence seq(m, int64_t(prompt.size()) + p.max_tokens);
-  Sampler sampler(p.sampling);
-  std::vector<int32_t> history = prompt;
-  auto logits = seq.eval(prompt);
-  Outcome o;
-  for (int i = 0; i < p.max_tokens; ++i) {
-    const auto r = sampler.sample(logits, history);
-    o.tokens.push_back(r.token);
-    o.logprobs.push_back(r.logprob);
-    history.push_back(r.token);
-    if (!p.ignore_eos && m.tokenizer().is_end_of_generation(r.token)) return o.reason = FinishReason::Stop, o;
-    if (i + 1 < p.max_tokens) logits = seq.eval(std::vector<int32_t>{r.token});
-  }
-  o.reason = FinishReason::Length;
-  return o;
-}
+using test::Outcome;
+using test::run_alone;
 
 void expect_pool_whole(const Engine& e) {
   const auto& kv = e.kv_manager();

@@ -108,14 +108,7 @@ TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {
   EXPECT_EQ(back.b, f.heads.b);
   EXPECT_EQ(back.out, f.heads.out);
   auto other = Model::load(test::shared_path("models/TinyStories-656K-Q8_0.gguf"));
-  auto msg = [](auto&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  const auto msg = [](auto&& fn) { return test::error_message(fn); };
   EXPECT_NE(msg([&] { DecodingHeads::load(path, *other); }).find("heads for hidden size 64, the model's is 128"),
             std::string::npos);
   EXPECT_NE(msg([&] { DecodingHeads::load(test::shared_path("models/stories260K.gguf"), *f.m); })

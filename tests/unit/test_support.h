@@ -1,9 +1,11 @@
-// Shared helpers for the unit tests: paths of the shared fixtures.
+// Shared helpers for the unit tests: paths of the shared fixtures, error messages.
 #pragma once
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "base/error.h"
 
 namespace serval::test {
 
@@ -23,6 +25,17 @@ inline std::string cached_model(const std::string& name) {
   const std::string dir = env && *env ? env : std::string(home ? home : ".") + "/.cache/serval/models";
   const std::string p = dir + "/" + name + ".gguf";
   return std::filesystem::exists(p) ? p : "";
+}
+
+// The serval::Error message `fn` throws, or "no error".
+template <class F>
+std::string error_message(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 }  // namespace serval::test
