@@ -66,6 +66,7 @@ void DecodingHeads::init_output(const Model& target) {
   const size_t d = size_t(n_embd);
   out.assign(vocab.size() * d, 0.0f);
   for (size_t v = 0; v < vocab.size(); ++v) get_row(target.weights().output, vocab[v], out.data() + v * d);
+  out_t = transpose(out, int64_t(vocab.size()), int64_t(d));
 }
 
 DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) {
@@ -188,9 +189,8 @@ double HeadTrainer::gradients(int k, std::span<const float> h, std::span<const i
     s[labels[size_t(r)]] -= 1.0f / float(n_valid);
   }
   // Backward: dA = G U (U^T as the weight), dZ = dA * SiLU'(z), dW = dZ^T h, db = sum dZ.
-  const std::vector<float> ut = transpose(H.out, nv, d);
   std::vector<float> dz(static_cast<size_t>(n * d));
-  cpu::matmul(f32_matrix(ut.data(), d, nv), scores.data(), dz.data(), n);
+  cpu::matmul(f32_matrix(H.out_t.data(), d, nv), scores.data(), dz.data(), n);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < d; ++i) {
       const float zi = z[size_t(r * d + i)], s = sigmoid(zi);

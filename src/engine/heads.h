@@ -23,6 +23,7 @@ struct DecodingHeads {
   std::vector<int32_t> vocab;      // S: the token ids the heads can propose
   std::vector<std::vector<float>> w, b;  // per head: W [n_embd x n_embd] row-major (out, in), b [n_embd]
   std::vector<float> out;          // U_S [|S| x n_embd], from the target (not stored in the file)
+  std::vector<float> out_t;        // U_S transposed [n_embd x |S|], for training's backward pass
 
   int n_heads() const { return int(w.size()); }
   // Zero-initialised heads (a_k = h + SiLU(0) = h + 0: the head starts as the target's own head).
@@ -30,7 +31,7 @@ struct DecodingHeads {
   // Loads a heads file made for `target`; throws Error naming the mismatch.
   static DecodingHeads load(const std::string& path, const Model& target);
   void save(const std::string& path, const std::string& target_name) const;
-  // The target's output rows of the subset.
+  // The target's output rows of the subset (and their transpose).
   void init_output(const Model& target);
 
   // a = h + SiLU(W_k h + b_k); z (optional) gets W_k h + b_k.
