@@ -168,11 +168,6 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
   }
 }
 
-void DraftModelProposer::verified(const Request& r, const float*) {
-  auto it = seqs_.find(r.id);
-  if (it != seqs_.end()) it->second.computed = std::min(it->second.computed, r.num_tokens() - 1);
-}
-
 void DraftModelProposer::forget(const Request& r) { seqs_.erase(r.id); }
 
 int64_t DraftModelProposer::blocks_in_use() const {

@@ -100,7 +100,6 @@ class DraftModelProposer : public Proposer {
  public:
   DraftModelProposer(const SpeculativeConfig& config, int32_t block_size);
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
-  void verified(const Request& r, const float* hidden) override;
   void forget(const Request& r) override;
   int64_t kv_tokens() const { return n_tokens_; }  // capacity of the draft KV cache
   int64_t blocks_in_use() const override;
