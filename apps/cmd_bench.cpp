@@ -69,7 +69,7 @@ std::vector<SpecRow> spec_rows(const BenchOptions& o, const Model& model, const 
       tps.push_back(double(n - 1) / std::chrono::duration<double>(Clock::now() - first).count());
     }
     const auto& st = e.stats().spec;
-    const std::string method = speculate ? to_string(e.spec_method()) : "none";
+    const std::string method = speculate ? e.spec_name() : "none";
     rows.push_back({fmt::format("tg{} engine, spec {}", o.n_gen, method), median(tps),
                     speculate ? fmt::format("{} of {} proposed tokens accepted ({:.0f} %), {:.2f} tokens per step",
                                             st.accepted_tokens, st.draft_tokens,

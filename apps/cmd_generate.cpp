@@ -69,11 +69,11 @@ EngineConfig generate_config(GenerateOptions& o, int64_t n_ctx, size_t n_prompt)
   return cfg;
 }
 
-std::string spec_summary(const EngineStats& st, SpecMethod method) {
-  if (method == SpecMethod::None) return "";
+std::string spec_summary(const EngineStats& st, const std::string& method) {
+  if (method == "none") return "";
   const auto& s = st.spec;
   return fmt::format(" | speculative {}: {} of {} proposed tokens accepted ({:.0f} %), {:.2f} tokens per step",
-                     to_string(method), s.accepted_tokens, s.draft_tokens,
+                     method, s.accepted_tokens, s.draft_tokens,
                      s.draft_tokens ? 100.0 * double(s.accepted_tokens) / double(s.draft_tokens) : 0.0,
                      st.steps > 1 ? double(st.generation_tokens - 1) / double(st.steps - 1) : 0.0);
 }
@@ -121,7 +121,7 @@ void run_generate(GenerateOptions& o) {
   const double tpot = n_gen > 1 ? (total - ttft) / (n_gen - 1) : 0;
   fmt::print(stderr, "\nload {:.2f} s | prompt {} tokens | generated {} tokens | TTFT {:.1f} ms | TPOT {:.1f} ms | "
              "{:.2f} tokens/s{}\n", load_s, prompt.size(), n_gen, ttft * 1e3, tpot * 1e3, tpot > 0 ? 1.0 / tpot : 0.0,
-             spec_summary(engine.stats(), engine.spec_method()));
+             spec_summary(engine.stats(), engine.spec_name()));
 }
 
 }  // namespace

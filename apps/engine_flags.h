@@ -22,7 +22,9 @@ struct SpecFlags {
   std::unique_ptr<DecodingHeads> heads;   // loaded by load_heads()
 
   void add_to(CLI::App* cmd) {
-    cmd->add_option("--spec", method, "speculative decoding: none (default), ngram (prompt lookup), draft, or heads FILE")
+    cmd->add_option("--spec", method,
+                    "speculative decoding: none (default), ngram (prompt lookup), draft, heads FILE, or ngram+draft / "
+                    "ngram+heads FILE (prompt lookup first)")
         ->expected(1, 2);
     cmd->add_option("--spec-heads", heads_file, "decoding heads file (serval train-heads) for --spec heads (implies it)");
     cmd->add_option("--model-draft,--md", model_draft, "draft model for --spec draft (implies it): same vocabulary");
@@ -30,21 +32,24 @@ struct SpecFlags {
     cmd->add_option("--draft-min", config.draft_min, "shorter proposals are dropped (default 1)");
     cmd->add_option("--draft-p-min", config.draft_p_min,
                     "the draft model stops at a guess it gives less than this probability (default 0.8)");
-    cmd->add_option("--spec-ngram-min", config.ngram_min, "prompt lookup: shortest n-gram matched (default 1)");
+    cmd->add_option("--spec-ngram-min", config.ngram_min, "prompt lookup: shortest n-gram matched (default 1; 3 with ngram+draft or ngram+heads)");
     cmd->add_option("--spec-ngram-max", config.ngram_max, "prompt lookup: longest n-gram matched (default 4)");
     cmd->add_option("--spec-max-running", config.max_running,
                     "no speculation while more requests than this run (default 4)");
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
+    cmd->add_option("--draft-backoff", config.draft_backoff_max,
+                    "after an empty draft the draft model skips the request for 1, 2, 4 ... steps, at most this "
+                    "many (default 8; 0: never)");
   }
 
   // Loads the draft model (if any) and returns the configuration; throws Error for bad values.
   // load_heads() must have run first when heads are wanted (they need the target model).
   SpeculativeConfig load() {
     SpeculativeConfig c = config;
-    c.method = parse_spec_method(method_name());
+    c.set_method(method_name());
     c.heads = heads.get();
     if (c.method == SpecMethod::Draft) {
-      check(!model_draft.empty(), "--spec draft needs a draft model (--model-draft FILE)");
+      check(!model_draft.empty(), "--spec {} needs a draft model (--model-draft FILE)", c.method_name());
       if (!draft) draft = Model::load(resolve_model_path(model_draft));  // once, however often asked
       c.draft_model = draft.get();
       c.draft_kv_bytes = kv_budget_from_string(draft_kv_memory);
@@ -55,7 +60,7 @@ struct SpecFlags {
 
   std::string method_name() const {
     // `--spec` takes one or two values, so `--spec ngram MODEL` would swallow a positional MODEL.
-    check(method.size() < 2 || method[0] == "heads",
+    check(method.size() < 2 || method[0].ends_with("heads"),
           "--spec {} takes no second value (got '{}'); only 'heads' takes a file (put the model first)",
           method.empty() ? "" : method[0], method.size() > 1 ? method[1] : "");
     if (!method.empty()) return method[0];
@@ -65,9 +70,9 @@ struct SpecFlags {
 
   // Loads the heads file for `target` when the method is heads (once).
   void load_heads(const Model& target) {
-    if (method_name() != "heads" || heads) return;
+    if (!method_name().ends_with("heads") || heads) return;
     const std::string file = method.size() == 2 ? method[1] : heads_file;
-    check(!file.empty(), "--spec heads needs a heads file (--spec heads FILE; serval train-heads makes one)");
+    check(!file.empty(), "--spec {0} needs a heads file (--spec {0} FILE; serval train-heads makes one)", method_name());
     heads = std::make_unique<DecodingHeads>(DecodingHeads::load(file, target));
   }
 };

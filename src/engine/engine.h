@@ -82,6 +82,7 @@ class Engine {
   const Model& model() const { return model_; }
   const Proposer* proposer() const { return proposer_.get(); }  // null without speculation
   SpecMethod spec_method() const { return proposer_ ? config_.spec.method : SpecMethod::None; }
+  std::string spec_name() const { return proposer_ ? config_.spec.method_name() : "none"; }  // "ngram+draft" ...
 
  private:
   const Model& model_;

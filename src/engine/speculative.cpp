@@ -30,12 +30,29 @@ const char* to_string(SpecMethod m) {
 void SpeculativeConfig::validate() const {
   check(draft_max >= 1 && draft_max <= 64, "--draft-max must be 1..64 (got {})", draft_max);
   check(draft_min >= 1 && draft_min <= draft_max, "--draft-min must be 1..draft-max (got {})", draft_min);
-  check(ngram_min >= 1 && ngram_min <= ngram_max && ngram_max <= 64,
-        "n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})", ngram_min, ngram_max);
+  check(ngram_min >= 0 && lookup_min() <= ngram_max && ngram_max <= 64,
+        "n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})", lookup_min(), ngram_max);
   check(max_running >= 1, "--spec-max-running must be at least 1 (got {})", max_running);
   check(draft_p_min >= 0 && draft_p_min <= 1, "--draft-p-min must be 0..1 (got {})", draft_p_min);
   check(method != SpecMethod::Draft || draft_model, "speculative method 'draft' needs a draft model (--model-draft)");
   check(method != SpecMethod::Heads || heads, "speculative method 'heads' needs a heads file (--spec-heads FILE)");
+  check(!ngram_first || method == SpecMethod::Draft || method == SpecMethod::Heads,
+        "prompt lookup first needs a draft model or heads behind it (ngram+draft or ngram+heads)");
+  check(draft_backoff_max >= 0 && draft_backoff_max <= 1024, "--draft-backoff must be 0..1024 (got {})",
+        draft_backoff_max);
+}
+
+void SpeculativeConfig::set_method(const std::string& name) {
+  static const std::string prefix = "ngram+";
+  ngram_first = name.starts_with(prefix);
+  const std::string rest = ngram_first ? name.substr(prefix.size()) : name;
+  check(!ngram_first || rest == "draft" || rest == "heads",
+        "unknown speculative method '{}' (none, ngram, draft, heads, ngram+draft or ngram+heads)", name);
+  method = parse_spec_method(rest);
+}
+
+std::string SpeculativeConfig::method_name() const {
+  return ngram_first ? std::string("ngram+") + to_string(method) : to_string(method);
 }
 
 int32_t next_spec_len(int32_t current, size_t n_draft, size_t n_accepted, int32_t cap) {
@@ -74,13 +91,25 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
 
 void NgramProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
   for (size_t i = 0; i < reqs.size(); ++i)
-    reqs[i]->draft = lookup(reqs[i]->tokens, config_.ngram_min, config_.ngram_max, limits[i]);
+    reqs[i]->draft = lookup(reqs[i]->tokens, config_.lookup_min(), config_.ngram_max, limits[i]);
+}
+
+void LookupFirstProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
+  lookup_.propose(reqs, limits);
+  rest_.clear();
+  rest_limits_.clear();
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (reqs[i]->draft.empty()) rest_.push_back(reqs[i]), rest_limits_.push_back(limits[i]);
+  if (!rest_.empty()) fallback_->propose(rest_, rest_limits_);
 }
 
 // ---- draft model ---------------------------------------------------------------------------------
 
 DraftModelProposer::DraftModelProposer(const SpeculativeConfig& config, int32_t block_size)
-    : model_(*config.draft_model), block_size_(block_size), p_min_(config.draft_p_min) {
+    : model_(*config.draft_model),
+      block_size_(block_size),
+      p_min_(config.draft_p_min),
+      backoff_max_(config.draft_backoff_max) {
   const auto& c = model_.config();
   const int64_t per_block = c.kv_bytes_per_token(2) * block_size;
   const int32_t n_blocks = int32_t(std::max<uint64_t>(1, config.draft_kv_bytes / uint64_t(per_block)));
@@ -115,6 +144,17 @@ void DraftModelProposer::add_to_batch(Seq& seq, int32_t row, int32_t token, int6
     batch_.slots[g].push_back(seq.kv.table(g)[pos / block_size_] * block_size_ + int32_t(pos % block_size_));
 }
 
+bool DraftModelProposer::drafts_now(Seq& seq) {
+  if (seq.skip == 0) return true;
+  --seq.skip;
+  return false;
+}
+
+void DraftModelProposer::record_outcome(Seq& seq, bool empty) {
+  seq.backoff = empty ? std::min(backoff_max_, std::max(1, 2 * seq.backoff)) : 0;
+  seq.skip = seq.backoff;
+}
+
 void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
   // Each request drafting: the last known token at n - 1 and drafts at n .. n + limit - 2 need KV.
   std::vector<std::pair<Request*, Seq*>> active;
@@ -126,7 +166,7 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
     // Its last token is run again (for its logits); KV past it belongs to rejected drafts.
     seq.computed = std::min(seq.computed, r.num_tokens() - 1);
     const int64_t need = r.num_tokens() + limits[i] - 1;
-    if (limits[i] < 1 || need > n_tokens_) continue;
+    if (limits[i] < 1 || need > n_tokens_ || !drafts_now(seq)) continue;
     const KvAllocation* have = seq.kv.empty() ? nullptr : &seq.kv;
     if (!kv_->can_allocate(have, have ? nullptr : &empty_hit_, need)) continue;
     if (seq.kv.empty()) seq.kv = kv_->allocate(empty_hit_, need);
@@ -152,6 +192,7 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
       }
     }
     model_.forward(batch_, *cache_, logits_);
+    ++passes_;
     std::vector<std::pair<Request*, Seq*>> next;
     std::vector<int32_t> next_want;
     for (size_t s = 0; s < active.size(); ++s) {
@@ -159,7 +200,9 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
       const std::span<const float> row(logits_.data() + s * n_vocab, size_t(n_vocab));
       const int32_t best = argmax(row);
       kv_->commit(seq->kv, {}, seq->computed);
-      if (top_probability(row, best) < p_min_) continue;  // not confident: stop guessing for this one
+      const bool confident = top_probability(row, best) >= p_min_;
+      if (round == 0) record_outcome(*seq, !confident);
+      if (!confident) continue;  // stop guessing for this one
       r->draft.push_back(best);
       if (int32_t(r->draft.size()) < want[s]) next.push_back(active[s]), next_want.push_back(want[s]);
     }
@@ -197,6 +240,11 @@ void HeadsProposer::verified(const Request& r, const float* hidden) {
 
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const Model& target, int32_t block_size) {
   config.validate();
+  if (config.ngram_first) {
+    SpeculativeConfig fallback = config;
+    fallback.ngram_first = false;
+    return std::make_unique<LookupFirstProposer>(config, make_proposer(fallback, target, block_size));
+  }
   switch (config.method) {
     case SpecMethod::None: return nullptr;
     case SpecMethod::Ngram: return std::make_unique<NgramProposer>(config);

@@ -33,19 +33,32 @@ const char* to_string(SpecMethod m);
 
 struct SpeculativeConfig {
   SpecMethod method = SpecMethod::None;
+  // Prompt lookup first; `method` (draft or heads) proposes only for the requests whose lookup found
+  // no earlier occurrence of at least `ngram_min` tokens. Named "ngram+draft" / "ngram+heads".
+  bool ngram_first = false;
   int32_t draft_max = 8;    // tokens proposed per step at most (llama.cpp's --draft-max)
   int32_t draft_min = 1;    // proposals shorter than this are dropped (llama.cpp's --draft-min)
-  int32_t ngram_min = 1;    // prompt lookup: the shortest suffix of the tokens matched
+  int32_t ngram_min = 0;    // prompt lookup: the shortest suffix of the tokens matched (0: lookup_min())
   int32_t ngram_max = 4;    // ... and the longest (tried first)
   int32_t max_running = 4;  // with more running requests than this, nobody speculates
   const Model* draft_model = nullptr;  // SpecMethod::Draft
   // The draft model stops guessing at a token it gives less than this probability (llama.cpp's
   // --draft-p-min): an unlikely guess costs a draft step and is likely rejected.
   float draft_p_min = 0.8f;
+  // After a request's draft came back empty (no guess reached draft_p_min), the draft model skips it
+  // for 1, 2, 4 ... steps, at most this many (0: never skips); a non-empty draft resets the wait.
+  int32_t draft_backoff_max = 8;
   uint64_t draft_kv_bytes = 64ull << 20;  // the draft model's own KV cache
   const DecodingHeads* heads = nullptr;   // SpecMethod::Heads
 
+  // ngram_min, or by default 1 alone and 3 in front of a draft model or heads: a match of one or two
+  // tokens is a poor guess next to theirs.
+  int32_t lookup_min() const { return ngram_min > 0 ? ngram_min : ngram_first ? 3 : 1; }
   void validate() const;  // throws Error for impossible values
+  // "none", "ngram", "draft", "heads", "ngram+draft" or "ngram+heads": sets method and ngram_first;
+  // throws Error otherwise.
+  void set_method(const std::string& name);
+  std::string method_name() const;  // the name set_method takes
 };
 
 // Counters of what speculation proposed and what the target kept (vLLM's spec_decode_* metrics).
@@ -94,6 +107,25 @@ class NgramProposer : public Proposer {
   SpeculativeConfig config_;
 };
 
+// Prompt lookup first (free, and long when the output copies the prompt); `fallback` (a draft model
+// or heads) proposes for the requests lookup found nothing for.
+class LookupFirstProposer : public Proposer {
+ public:
+  LookupFirstProposer(const SpeculativeConfig& config, std::unique_ptr<Proposer> fallback)
+      : lookup_(config), fallback_(std::move(fallback)) {}
+  void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
+  bool wants_hidden() const override { return fallback_->wants_hidden(); }
+  void verified(const Request& r, const float* hidden) override { fallback_->verified(r, hidden); }
+  void forget(const Request& r) override { fallback_->forget(r); }
+  int64_t blocks_in_use() const override { return fallback_->blocks_in_use(); }
+
+ private:
+  NgramProposer lookup_;
+  std::unique_ptr<Proposer> fallback_;
+  std::vector<Request*> rest_;
+  std::vector<int32_t> rest_limits_;
+};
+
 // A small model of the same vocabulary drafts greedily, with its own paged KV cache: one forward pass
 // catches each request up (its new tokens), then one pass per further draft token, all requests batched.
 class DraftModelProposer : public Proposer {
@@ -102,17 +134,22 @@ class DraftModelProposer : public Proposer {
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   void forget(const Request& r) override;
   int64_t kv_tokens() const { return n_tokens_; }  // capacity of the draft KV cache
+  int64_t forward_passes() const { return passes_; }  // of the draft model, so far
   int64_t blocks_in_use() const override;
 
  private:
   struct Seq {
     KvAllocation kv;
     int64_t computed = 0;  // leading request tokens whose draft KV is in the cache
+    int32_t backoff = 0;   // steps skipped after the last empty draft (0 after a non-empty one)
+    int32_t skip = 0;      // steps still to skip
   };
   const Model& model_;
   int32_t block_size_;
   float p_min_;
+  int32_t backoff_max_;
   int64_t n_tokens_;
+  int64_t passes_ = 0;
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<KvCache> cache_;
   std::map<RequestId, Seq> seqs_;
@@ -121,6 +158,9 @@ class DraftModelProposer : public Proposer {
   std::vector<float> logits_;
 
   void add_to_batch(Seq& seq, int32_t row, int32_t token, int64_t pos, bool logits);
+  // Whether `seq` drafts this step (its back-off wait counts down otherwise).
+  bool drafts_now(Seq& seq);
+  void record_outcome(Seq& seq, bool empty);
   // Softmax probability of `best` (the argmax) in `logits`.
   static float top_probability(std::span<const float> logits, int32_t best);
 };

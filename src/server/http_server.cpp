@@ -277,7 +277,7 @@ json HttpServer::Impl::engine_state() {
     j = json{{"running", running}, {"waiting", waiting}, {"kv_usage", s.kv_usage}, {"blocks", blocks},
              {"block_size", e.capacity().block_size}, {"prefix_queries", s.prefix_queries}, {"prefix_hits", s.prefix_hits},
              {"preemptions", s.preemptions}, {"generation_tokens", s.generation_tokens},
-             {"spec", {{"method", to_string(e.spec_method())}, {"drafts", s.spec.drafts},
+             {"spec", {{"method", e.spec_name()}, {"drafts", s.spec.drafts},
                        {"draft_tokens", s.spec.draft_tokens}, {"accepted_tokens", s.spec.accepted_tokens}}}};
   });
   j["latency"] = json::parse(metrics.recent_json());

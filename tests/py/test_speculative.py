@@ -15,14 +15,16 @@ EDIT = [{"role": "user", "content": "Rename the variable `total` to `acc` and re
          "def sum_list(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"}]
 
 
-@pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--model-draft", STORIES]])
+@pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--model-draft", STORIES],
+                                   ["--spec", "ngram+draft", "--model-draft", STORIES, "--draft-backoff", "2"]])
 def test_generate_with_speculation_prints_the_plain_text(flags):
     args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 60, "--seed", 3]
     for temp in ["0", "0.9"]:
         plain = run(*args, "--temp", temp)
         spec = run(*args, "--temp", temp, *flags)
         assert spec.stdout == plain.stdout
-        assert "speculative" in spec.stderr and "accepted" in spec.stderr
+        assert f"speculative {flags[1] if flags[0] == '--spec' else 'draft'}:" in spec.stderr
+        assert "accepted" in spec.stderr
         assert "speculative" not in plain.stderr
 
 
@@ -32,6 +34,10 @@ def test_generate_with_speculation_prints_the_plain_text(flags):
     (["--spec", "ngram", "--draft-max", "0"], "--draft-max must be 1..64"),
     (["--model-draft", MODELS / "TinyStories-656K-Q8_0.gguf"], "vocabulary has 2048 tokens, the target's 512"),
     (["--spec", "ngram", "extra"], "--spec ngram takes no second value (got 'extra')"),
+    (["--spec", "ngram+draft"], "--spec ngram+draft needs a draft model (--model-draft FILE)"),
+    (["--spec", "ngram+medusa"], "unknown speculative method 'ngram+medusa'"),
+    (["--spec", "ngram+heads"], "--spec ngram+heads needs a heads file (--spec ngram+heads FILE"),
+    (["--model-draft", STORIES, "--draft-backoff", "-1"], "--draft-backoff must be 0..1024 (got -1)"),
     (["--spec", "heads", MODELS / "stories260K.gguf"], "not a decoding-heads file"),
 ])
 def test_bad_speculative_flags_are_clear_errors(flags, message):

@@ -101,15 +101,22 @@ class StoriesSpec : public ::testing::Test {
     cfg.spec.heads = heads_;
     return cfg;
   }
+  // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads".
+  EngineConfig config(const std::string& name, int32_t num_blocks = 256) const {
+    EngineConfig cfg = config(SpecMethod::None, num_blocks);
+    cfg.spec.set_method(name);
+    return cfg;
+  }
 };
 Model* StoriesSpec::model_ = nullptr;
 DecodingHeads* StoriesSpec::heads_ = nullptr;
 
+const std::vector<std::string> kMethods = {"ngram", "draft", "heads", "ngram+draft", "ngram+heads"};
 const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
                                          "The little girl went to the park", "Lily and Tom were best friends."};
 
 TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
-  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft, SpecMethod::Heads}) {
+  for (const std::string method : kMethods) {
     for (float temp : {0.0f, 1.0f}) {
       std::vector<std::vector<int32_t>> prompts;
       std::vector<GenerationParams> ps;
@@ -122,16 +129,16 @@ TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
       Engine together(*model_, config(method));
       const auto got = run_engine(together, prompts, ps);
       for (size_t i = 0; i < kTexts.size(); ++i) {
-        EXPECT_EQ(got[i].tokens, want[i].tokens) << to_string(method) << " temp " << temp << " " << kTexts[i];
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << method << " temp " << temp << " " << kTexts[i];
         EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "bitwise log-probabilities";
         EXPECT_EQ(got[i].reason, want[i].reason);
       }
       const SpecStats& st = together.stats().spec;
-      EXPECT_GT(st.accepted_tokens, 0) << to_string(method) << " temp " << temp << ": nothing was accepted";
+      EXPECT_GT(st.accepted_tokens, 0) << method << " temp " << temp << ": nothing was accepted";
       EXPECT_LE(st.accepted_tokens, st.draft_tokens);
       EXPECT_EQ(st.accepted_per_pos.size(), 6u);
       EXPECT_EQ(st.accepted_per_pos[0] <= st.drafts, true);
-      if (method == SpecMethod::Draft && temp == 0.0f)
+      if (method == "draft" && temp == 0.0f)
         EXPECT_EQ(st.accepted_tokens, st.draft_tokens) << "a model's own greedy drafts are always accepted";
       EXPECT_LT(together.stats().steps, 60 * int64_t(kTexts.size())) << "speculation saved no step";
       expect_pool_whole(together);
@@ -146,7 +153,7 @@ TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
 // max_tokens and at end-of-generation, and per-request draft caps (0: off).
 TEST_F(StoriesSpec, PreemptionLimitsAndPerRequestCaps) {
   std::mt19937 rng(7);
-  for (SpecMethod method : {SpecMethod::Ngram, SpecMethod::Draft, SpecMethod::Heads}) {
+  for (const std::string method : kMethods) {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<GenerationParams> ps;
     for (int i = 0; i < 24; ++i) {
@@ -162,8 +169,8 @@ TEST_F(StoriesSpec, PreemptionLimitsAndPerRequestCaps) {
     EXPECT_GT(e.stats().spec.accepted_tokens, 0);
     for (size_t i = 0; i < prompts.size(); ++i) {
       const Outcome want = run_alone(*model_, prompts[i], ps[i]);
-      EXPECT_EQ(got[i].tokens, want.tokens) << to_string(method) << " request " << i;
-      EXPECT_EQ(got[i].reason, want.reason) << to_string(method) << " request " << i;
+      EXPECT_EQ(got[i].tokens, want.tokens) << method << " request " << i;
+      EXPECT_EQ(got[i].reason, want.reason) << method << " request " << i;
     }
     expect_pool_whole(e);
   }
@@ -198,6 +205,63 @@ TEST_F(StoriesSpec, TheDraftModelStopsAtAnUnsureGuess) {
   EXPECT_GT(proposed[0], proposed[1]) << "a threshold drops some guesses";
   EXPECT_GT(proposed[1], 0);
   EXPECT_EQ(proposed[2], 0) << "no guess is surer than probability 1 on stories260K";
+}
+
+// After an empty draft the draft model waits 1, 2, 4 ... steps (at most --draft-backoff) before it
+// runs for that request again; 0 turns the wait off.
+TEST_F(StoriesSpec, TheDraftModelBacksOffAfterEmptyDrafts) {
+  for (int32_t backoff : {0, 4}) {
+    SpeculativeConfig c = config(SpecMethod::Draft).spec;
+    c.draft_p_min = 1.0f;  // never sure: every draft is empty
+    c.draft_backoff_max = backoff;
+    DraftModelProposer p(c, 4);
+    Request r(1, encode("Once upon a time"), params(100, 0, 0.0f), nullptr, 0);
+    Request* reqs[] = {&r};
+    const int32_t limits[] = {4};
+    std::vector<int> ran;
+    for (int step = 0; step < 16; ++step) {
+      const int64_t before = p.forward_passes();
+      p.propose(reqs, limits);
+      EXPECT_TRUE(r.draft.empty());
+      if (p.forward_passes() > before) ran.push_back(step);
+      r.tokens.push_back(r.tokens.back());
+    }
+    if (backoff == 0) EXPECT_EQ(ran.size(), 16u) << "no back-off: the draft model runs every step";
+    else EXPECT_EQ(ran, (std::vector<int>{0, 2, 5, 10, 15})) << "waits of 1, 2, 4, then 4 (the cap)";
+    p.forget(r);
+    EXPECT_EQ(p.blocks_in_use(), 0);
+  }
+}
+
+// A proposer that proposes {42} and records who asked (the fallback behind prompt lookup).
+class Recorder : public Proposer {
+ public:
+  std::vector<RequestId> asked;
+  void propose(std::span<Request* const> reqs, std::span<const int32_t>) override {
+    for (Request* r : reqs) asked.push_back(r->id), r->draft = {42};
+  }
+};
+
+TEST(Speculative, PromptLookupFirstLeavesTheRestToTheFallback) {
+  SpeculativeConfig c;
+  c.set_method("ngram+draft");
+  auto owned = std::make_unique<Recorder>();
+  Recorder* fallback = owned.get();
+  LookupFirstProposer p(c, std::move(owned));
+  Request three(1, {5, 6, 7, 8, 9, 5, 6, 7}, {}, nullptr, 0);  // "5 6 7" occurred before: lookup
+  Request two(2, {5, 6, 8, 9, 5, 6}, {}, nullptr, 0);          // only a 2-gram repeats: below 3
+  Request none(3, {1, 2, 3}, {}, nullptr, 0);
+  Request* reqs[] = {&three, &two, &none};
+  const int32_t limits[] = {3, 3, 3};
+  p.propose(reqs, limits);
+  EXPECT_EQ(three.draft, (std::vector<int32_t>{8, 9, 5}));
+  EXPECT_EQ(two.draft, std::vector<int32_t>{42});
+  EXPECT_EQ(none.draft, std::vector<int32_t>{42});
+  EXPECT_EQ(fallback->asked, (std::vector<RequestId>{2, 3}));
+  c.ngram_min = 2;  // an explicit minimum is kept
+  LookupFirstProposer q(c, std::make_unique<Recorder>());
+  q.propose(reqs, limits);
+  EXPECT_EQ(two.draft, (std::vector<int32_t>{8, 9, 5}));
 }
 
 // Two-sample chi-square test of equal distributions (equal sample sizes), categories with fewer than
@@ -285,6 +349,24 @@ TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   EXPECT_NE(msg([&] { c.validate(); }).find("--model-draft"), std::string::npos);
   EXPECT_NE(msg([] { parse_spec_method("medusa"); }).find("'medusa'"), std::string::npos);
   EXPECT_EQ(parse_spec_method("ngram"), SpecMethod::Ngram);
+  SpeculativeConfig n;
+  n.set_method("ngram+heads");
+  EXPECT_TRUE(n.ngram_first);
+  EXPECT_EQ(n.method, SpecMethod::Heads);
+  EXPECT_EQ(n.method_name(), "ngram+heads");
+  EXPECT_EQ(n.lookup_min(), 3) << "in front of heads or a draft model, matches of 3 tokens or more";
+  n.set_method("ngram");
+  EXPECT_EQ(n.method_name(), "ngram");
+  EXPECT_EQ(n.lookup_min(), 1);
+  for (const char* bad : {"ngram+ngram", "ngram+", "draft+ngram", "ngram+none"})
+    EXPECT_NE(msg([&] { n.set_method(bad); }).find("unknown speculative method '" + std::string(bad) + "'"),
+              std::string::npos) << bad;
+  n.method = SpecMethod::Ngram, n.ngram_first = true;
+  EXPECT_NE(msg([&] { n.validate(); }).find("ngram+draft or ngram+heads"), std::string::npos);
+  n.ngram_first = false, n.draft_backoff_max = -1;
+  EXPECT_NE(msg([&] { n.validate(); }).find("--draft-backoff must be 0..1024 (got -1)"), std::string::npos);
+  n.draft_backoff_max = 8, n.set_method("ngram+draft"), n.draft_model = nullptr, n.ngram_max = 2;
+  EXPECT_NE(msg([&] { n.validate(); }).find("(got 3..2)"), std::string::npos) << "the default minimum 3 is above max";
   auto a = Model::load(test::shared_path("models/stories260K.gguf"));
   auto b = Model::load(test::shared_path("models/TinyStories-656K-Q8_0.gguf"));
   EXPECT_NE(msg([&] { check_same_vocabulary(*a, *b); }).find("2048 tokens, the target's 512"), std::string::npos);
@@ -305,12 +387,14 @@ TEST(RealModelSpec, QwenPairAndPromptLookupGiveThePlainTokens) {
   std::vector<int32_t> subset(2048);
   for (int i = 0; i < 2048; ++i) subset[size_t(i)] = i;
   const DecodingHeads heads = DecodingHeads::create(*draft, 3, subset);
-  const std::vector<std::pair<const Model*, SpecMethod>> runs = {
-      {target.get(), SpecMethod::Draft}, {draft.get(), SpecMethod::Ngram}, {draft.get(), SpecMethod::Heads}};
+  const std::vector<std::pair<const Model*, std::string>> runs = {{target.get(), "draft"},
+                                                                  {target.get(), "ngram+draft"},
+                                                                  {draft.get(), "ngram"},
+                                                                  {draft.get(), "heads"}};
   for (const auto& [m, method] : runs) {
     EngineConfig cfg;
     cfg.num_blocks = 64;
-    cfg.spec.method = method;
+    cfg.spec.set_method(method);
     cfg.spec.heads = &heads;
     cfg.spec.draft_model = draft.get();
     cfg.spec.draft_kv_bytes = 16 << 20;
@@ -321,9 +405,9 @@ TEST(RealModelSpec, QwenPairAndPromptLookupGiveThePlainTokens) {
       prompts.push_back(m->tokenizer().encode(texts[i], true)), ps.push_back(params(16, i, i ? 0.7f : 0.0f));
     const auto got = run_engine(e, prompts, ps);
     for (size_t i = 0; i < texts.size(); ++i)
-      EXPECT_EQ(got[i].tokens, run_alone(*m, prompts[i], ps[i]).tokens) << to_string(cfg.spec.method) << " " << texts[i];
-    if (method != SpecMethod::Heads) EXPECT_GT(e.stats().spec.accepted_tokens, 0) << to_string(cfg.spec.method);
-    EXPECT_GT(e.stats().spec.drafts, 0) << to_string(cfg.spec.method);
+      EXPECT_EQ(got[i].tokens, run_alone(*m, prompts[i], ps[i]).tokens) << method << " " << texts[i];
+    if (method != "heads") EXPECT_GT(e.stats().spec.accepted_tokens, 0) << method;
+    EXPECT_GT(e.stats().spec.drafts, 0) << method;
   }
 }
 
