@@ -147,6 +147,7 @@ void Engine::build_batch(const SchedulerOutput& plan) {
     batch.slots[g].clear();
     batch.block_tables[g].resize(plan.scheduled.size());
   }
+  batch.table_block_size.assign(plan.scheduled.size(), int32_t(bs));
   logit_row_.clear();
   int64_t n_logits = 0;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
@@ -172,7 +173,13 @@ void Engine::build_batch(const SchedulerOutput& plan) {
       copy.clear();
     }
     const int64_t n_known = r.num_tokens();  // then the draft tokens, each with its logits row
+    const bool tree = !r.draft_parents.empty() && end > n_known;
+    if (tree) prepare_tree(r, n_known);
     for (int64_t p = begin; p < end; ++p) {
+      if (tree && p >= n_known) {
+        add_tree_node(r, p - n_known, n_known);
+        continue;
+      }
       const bool logits = p >= n_known - 1;
       batch.tokens.push_back(p < n_known ? r.tokens[p] : r.draft[p - n_known]);
       batch.positions.push_back(int32_t(p));
@@ -182,6 +189,42 @@ void Engine::build_batch(const SchedulerOutput& plan) {
     }
     logit_row_.push_back(end >= n_known ? n_logits : -1);
     n_logits += std::max<int64_t>(0, end - n_known + 1);
+  }
+}
+
+void Engine::prepare_tree(const Request& r, int64_t n_known) {
+  const int64_t bs = config_.block_size;
+  tree_depth_.clear();
+  for (int32_t parent : r.draft_parents) tree_depth_.push_back(parent < 0 ? 1 : tree_depth_[size_t(parent)] + 1);
+  tree_prefix_.resize(size_t(model_.config().n_kv_groups()));
+  for (int g = 0; g < int(tree_prefix_.size()); ++g) {
+    const auto& table = r.kv.table(g);
+    const int64_t live = r.kv.first_live_block(g);
+    auto& slots = tree_prefix_[size_t(g)];
+    slots.resize(size_t(n_known));
+    for (int64_t p = 0; p < n_known; ++p) slots[size_t(p)] = p / bs < live ? -1 : int32_t(table[p / bs] * bs + p % bs);
+  }
+}
+
+void Engine::add_tree_node(const Request& r, int64_t node, int64_t n_known) {
+  const int64_t bs = config_.block_size;
+  Batch& batch = batch_;
+  const int32_t seq = int32_t(batch.block_tables[0].size());
+  const int64_t storage = n_known + node;
+  batch.tokens.push_back(r.draft[size_t(node)]);
+  batch.positions.push_back(int32_t(n_known - 1 + tree_depth_[size_t(node)]));
+  batch.seq_ids.push_back(seq);
+  batch.want_logits.push_back(true);
+  batch.table_block_size.push_back(1);
+  for (int g = 0; g < batch.n_groups(); ++g) {
+    const auto& table = r.kv.table(g);
+    auto slot_of = [&](int64_t p) { return int32_t(table[p / bs] * bs + p % bs); };
+    batch.slots[g].push_back(slot_of(storage));
+    std::vector<int32_t> slots = tree_prefix_[size_t(g)];
+    const size_t at = slots.size();
+    for (int64_t a = node; a >= 0; a = r.draft_parents[size_t(a)]) slots.push_back(slot_of(n_known + a));
+    std::reverse(slots.begin() + int64_t(at), slots.end());  // root first
+    batch.block_tables[g].push_back(std::move(slots));
   }
 }
 
@@ -198,7 +241,7 @@ void Engine::return_block_tables(const SchedulerOutput& plan) {
 void Engine::propose_drafts() {
   if (!proposer_) return;
   const auto& running = scheduler_->running();
-  for (Request* r : running) r->draft.clear();
+  for (Request* r : running) r->cut_draft(0);
   if (int64_t(running.size()) > config_.spec.max_running) return;  // the batch is big enough: no gain
   spec_reqs_.clear();
   spec_limits_.clear();
@@ -208,14 +251,14 @@ void Engine::propose_drafts() {
     if (r->spec_len == 0) r->spec_len = cap;
     // n accepted tokens and one more: never past max_tokens or the context.
     const int64_t room = std::min(r->params.max_tokens - r->num_output_tokens(), max_model_len_ - r->num_tokens()) - 1;
-    const int64_t limit = std::min<int64_t>({cap, r->spec_len, room});
+    const int64_t limit = std::min<int64_t>({cap, proposer_->makes_trees() ? cap : r->spec_len, room});
     if (limit < config_.spec.draft_min) continue;
     spec_reqs_.push_back(r);
     spec_limits_.push_back(int32_t(limit));
   }
   if (!spec_reqs_.empty()) proposer_->propose(spec_reqs_, spec_limits_);
   for (Request* r : spec_reqs_)
-    if (int32_t(r->draft.size()) < config_.spec.draft_min) r->draft.clear();
+    if (int32_t(r->draft.size()) < config_.spec.draft_min) r->cut_draft(0);
 }
 
 bool Engine::emit(Request& r, const SampleResult& sample) {
@@ -241,22 +284,49 @@ void Engine::record_verification(size_t n_draft, size_t n_accepted) {
 
 int64_t Engine::accept_tokens(Request& r, int64_t row) {
   const std::vector<int32_t> draft = std::move(r.draft);
-  r.draft.clear();
-  const int64_t n_vocab = model_.config().n_vocab;
-  size_t n_accepted = 0;
+  std::vector<int32_t> parents = std::move(r.draft_parents);
+  const bool tree = !parents.empty();
+  r.cut_draft(0);
+  if (!tree)
+    for (size_t i = 0; i < draft.size(); ++i) parents.push_back(int32_t(i) - 1);
+  const int64_t n_vocab = model_.config().n_vocab, n_known = r.num_tokens();
+  std::vector<int32_t> path;  // kept draft tokens, root first
+  int64_t at = row;
   bool alive = true;
   while (alive) {
-    const std::span<const float> logits(logits_.data() + (row + int64_t(n_accepted)) * n_vocab, size_t(n_vocab));
+    const std::span<const float> logits(logits_.data() + at * n_vocab, size_t(n_vocab));
     const SampleResult sample = r.sampler.sample(logits, r.tokens);
-    const bool matches = n_accepted < draft.size() && sample.token == draft[n_accepted];
-    n_accepted += matches;
+    const int32_t parent = path.empty() ? -1 : path.back();
+    int32_t next = -1;  // the child of `parent` that the sample matches
+    for (size_t i = size_t(parent + 1); i < draft.size() && next < 0; ++i)
+      if (parents[i] == parent && draft[i] == sample.token) next = int32_t(i);
     alive = emit(r, sample);  // false: r is gone
-    if (!matches) break;
+    if (next < 0) break;
+    path.push_back(next);
+    at = row + 1 + next;
   }
-  record_verification(draft.size(), n_accepted);
+  record_verification(draft.size(), path.size());
   if (!alive) return -1;
-  if (!draft.empty()) r.spec_len = next_spec_len(r.spec_len, draft.size(), n_accepted, config_.spec.draft_max);
-  return row + int64_t(n_accepted);
+  if (tree) move_kept_kv(r, n_known, path);
+  size_t depth = 0;  // of the deepest draft token: a chain's length
+  for (size_t i = 0, d = 0; i < draft.size(); ++i, d = 0) {
+    for (int32_t a = int32_t(i); a >= 0; a = parents[size_t(a)]) ++d;
+    depth = std::max(depth, d);
+  }
+  if (!draft.empty()) r.spec_len = next_spec_len(r.spec_len, depth, path.size(), config_.spec.draft_max);
+  return at;
+}
+
+void Engine::move_kept_kv(const Request& r, int64_t n_known, std::span<const int32_t> path) {
+  const int64_t bs = config_.block_size;
+  for (size_t d = 0; d < path.size(); ++d) {
+    if (path[d] == int32_t(d)) continue;  // already in place
+    const int64_t from = n_known + path[d], to = n_known + int64_t(d);
+    for (int g = 0; g < model_.config().n_kv_groups(); ++g) {
+      const auto& table = r.kv.table(g);
+      cache_->copy_slot(g, int32_t(table[from / bs] * bs + from % bs), int32_t(table[to / bs] * bs + to % bs));
+    }
+  }
 }
 
 bool Engine::step() {

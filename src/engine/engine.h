@@ -81,6 +81,9 @@ class Engine {
   int64_t max_model_len() const { return max_model_len_; }
   const Model& model() const { return model_; }
   const Proposer* proposer() const { return proposer_.get(); }  // null without speculation
+  // Replaces the proposer the configuration chose (a proposer of one's own; the tests' oracles). The
+  // configuration's draft_max, draft_min and max_running still apply.
+  void set_proposer(std::unique_ptr<Proposer> p) { proposer_ = std::move(p); }
   SpecMethod spec_method() const { return proposer_ ? config_.spec.method : SpecMethod::None; }
   std::string spec_name() const { return proposer_ ? config_.spec.method_name() : "none"; }  // "ngram+draft" ...
 
@@ -104,6 +107,8 @@ class Engine {
   std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Request*> spec_reqs_;
   std::vector<int32_t> spec_limits_;
+  std::vector<int32_t> tree_depth_;                   // build_batch: depth of each node of a draft tree
+  std::vector<std::vector<int32_t>> tree_prefix_;     // ... and per group the request's slots before it
 
   // Fills batch_ and logit_row_ (the logits row of each scheduled request, -1 for none); the block
   // tables are moved in from the requests' copies, brought up to date with the new blocks only.
@@ -112,10 +117,20 @@ class Engine {
   void return_block_tables(const SchedulerOutput& plan);
   // Asks the proposer for draft tokens of the running requests that are decoding (when few run).
   void propose_drafts();
-  // Samples `r`'s logits rows from `row` on: row i follows its tokens and the first i draft tokens, and
-  // draft token i is kept while the sample equals it. Emits each token. Returns the row of the last
-  // token sampled, or -1 when `r` finished.
+  // For r's draft tree: each token's depth, and per group the slots of r's positions before n_known.
+  void prepare_tree(const Request& r, int64_t n_known);
+  // Adds draft token `node` of `r`'s tree: at the position of its depth,
+  // its K/V in the slot of position n_known + node, attending a slot list of its own (the request's
+  // positions before n_known, then its ancestors, then itself).
+  void add_tree_node(const Request& r, int64_t node, int64_t n_known);
+  // Samples `r`'s logits rows from `row` (its last known token) on, walking its draft: a chain, or a
+  // tree (row 1 + i is draft token i). A draft token is kept when the sample of its parent's row equals
+  // it. Emits each token. Moves the kept tokens' K/V of a tree to their positions. Returns the row of
+  // the last token sampled, or -1 when `r` finished.
   int64_t accept_tokens(Request& r, int64_t row);
+  // Tree drafts: the K/V of kept draft token path[d], computed in the slot of position n_known +
+  // path[d], is copied to the slot of position n_known + d.
+  void move_kept_kv(const Request& r, int64_t n_known, std::span<const int32_t> path);
   // Appends and streams one sampled token; finishes `r` (and returns false) on a stop or a limit.
   bool emit(Request& r, const SampleResult& sample);
   void record_verification(size_t n_draft, size_t n_accepted);

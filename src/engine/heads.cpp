@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <queue>
+#include <tuple>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -140,6 +143,49 @@ void DecodingHeads::propose(const float* h, int n, std::vector<int32_t>& guesses
     block(k, h, a.data());
     cpu::matmul(u, a.data(), scores.data(), 1);
     guesses.push_back(vocab[size_t(std::max_element(scores.begin(), scores.end()) - scores.begin())]);
+  }
+}
+
+void DecodingHeads::propose_tree(const float* h, int n_nodes, int width, std::vector<int32_t>& tokens,
+                                 std::vector<int32_t>& parents) const {
+  tokens.clear(), parents.clear();
+  const int64_t d = n_embd, nv = int64_t(vocab.size());
+  const int depth = std::min(n_nodes, n_heads());
+  width = int(std::min<int64_t>(width, nv));
+  if (depth < 1 || width < 1) return;
+  // Each head's `width` likeliest tokens (index into vocab) and their softmax probabilities.
+  std::vector<std::vector<std::pair<int32_t, float>>> top(static_cast<size_t>(depth));
+  std::vector<float> a(static_cast<size_t>(d)), scores(static_cast<size_t>(nv));
+  std::vector<int32_t> order(static_cast<size_t>(nv));
+  const WeightMatrix u = f32_matrix(out.data(), nv, d);
+  for (int k = 0; k < depth; ++k) {
+    block(k, h, a.data());
+    cpu::matmul(u, a.data(), scores.data(), 1);
+    const float mx = *std::max_element(scores.begin(), scores.end());
+    double sum = 0;
+    for (float s : scores) sum += std::exp(double(s - mx));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + width, order.end(), [&](int32_t x, int32_t y) {
+      return scores[size_t(x)] > scores[size_t(y)] || (scores[size_t(x)] == scores[size_t(y)] && x < y);
+    });
+    for (int j = 0; j < width; ++j)
+      top[size_t(k)].push_back({order[size_t(j)], float(std::exp(double(scores[size_t(order[size_t(j)])] - mx)) / sum)});
+  }
+  // Best first: a candidate is (path probability, -serial, parent, depth - 1, rank).
+  using Cand = std::tuple<double, int64_t, int32_t, int, int>;
+  std::priority_queue<Cand> heap;
+  int64_t serial = 0;
+  auto offer = [&](double p, int32_t parent, int k) {
+    if (k < depth)
+      for (int j = 0; j < width; ++j) heap.push({p * top[size_t(k)][size_t(j)].second, -serial++, parent, k, j});
+  };
+  offer(1.0, -1, 0);
+  while (int(tokens.size()) < n_nodes && !heap.empty()) {
+    const auto [p, neg_serial, parent, k, j] = heap.top();
+    heap.pop();
+    tokens.push_back(vocab[size_t(top[size_t(k)][size_t(j)].first)]);
+    parents.push_back(parent);
+    offer(p, int32_t(tokens.size()) - 1, k + 1);
   }
 }
 

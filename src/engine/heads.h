@@ -38,6 +38,12 @@ struct DecodingHeads {
   void block(int k, const float* h, float* a, float* z = nullptr) const;
   // Guesses of heads 0 .. n-1 from one hidden state.
   void propose(const float* h, int n, std::vector<int32_t>& guesses) const;
+  // A token tree of at most n_nodes tokens (Medusa's tree, grown best first as in EAGLE-2): a token at
+  // depth k + 1 is one of head k's `width` likeliest, and the tree takes the tokens whose paths have
+  // the highest products of head probabilities. parents[i] is the index of token i's parent (-1: the
+  // token the hidden state predicted), parents before children.
+  void propose_tree(const float* h, int n_nodes, int width, std::vector<int32_t>& tokens,
+                    std::vector<int32_t>& parents) const;
 };
 
 // The most frequent `n` token ids of `tokens` (ties: the lower id), most frequent first.

@@ -73,6 +73,10 @@ struct Request {
   // Speculative decoding: tokens proposed to follow `tokens`, verified in this step's batch (the
   // scheduler may shorten or drop them), and the adaptive proposal length (0: not set yet).
   std::vector<int32_t> draft;
+  // A token tree instead of a chain: draft_parents[i] is the index in `draft` of token i's parent
+  // (-1: the last known token), parents before children, so any prefix of the draft is a tree.
+  // Empty: the draft is one chain (each token's parent is the one before it).
+  std::vector<int32_t> draft_parents;
   int32_t spec_len = 0;
 
   Clock::time_point t_arrival = Clock::now(), t_first_token{}, t_last_token{};
@@ -81,6 +85,11 @@ struct Request {
   int64_t num_tokens() const { return int64_t(tokens.size()); }
   int64_t num_output_tokens() const { return num_tokens() - n_prompt; }
   bool is_finished() const { return state == RequestState::Finished; }
+  // Keeps the first n draft tokens (and their parents).
+  void cut_draft(size_t n) {
+    if (draft.size() > n) draft.resize(n);
+    if (draft_parents.size() > n) draft_parents.resize(n);
+  }
 };
 
 }  // namespace serval

@@ -51,7 +51,7 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out, int64_t& budget) {
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   r->kv.release();
   r->num_computed_tokens = 0;
-  r->draft.clear();
+  r->cut_draft(0);
   r->state = RequestState::Preempted;
   ++r->n_preemptions;
   ++stats_.preemptions;
@@ -66,9 +66,9 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out, int64_t& budget) {
 bool Scheduler::schedule_running(Request* r, SchedulerOutput& out, int64_t& budget) {
   const int64_t pending = r->num_tokens() - r->num_computed_tokens;
   int64_t n_new = std::min(pending + int64_t(r->draft.size()), budget);
-  r->draft.resize(size_t(std::max<int64_t>(0, n_new - pending)));
+  r->cut_draft(size_t(std::max<int64_t>(0, n_new - pending)));
   if (!r->draft.empty() && !kv_.can_allocate(&r->kv, nullptr, r->num_computed_tokens + n_new)) {
-    r->draft.clear();
+    r->cut_draft(0);
     n_new = std::min(pending, budget);
   }
   if (n_new <= 0) return true;

@@ -38,6 +38,7 @@ void SpeculativeConfig::validate() const {
   check(method != SpecMethod::Heads || heads, "speculative method 'heads' needs a heads file (--spec-heads FILE)");
   check(!ngram_first || method == SpecMethod::Draft || method == SpecMethod::Heads,
         "prompt lookup first needs a draft model or heads behind it (ngram+draft or ngram+heads)");
+  check(tree_width >= 1 && tree_width <= 64, "--spec-tree-width must be 1..64 (got {})", tree_width);
   check(draft_backoff_max >= 0 && draft_backoff_max <= 1024, "--draft-backoff must be 0..1024 (got {})",
         draft_backoff_max);
 }
@@ -91,7 +92,7 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
 
 void NgramProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
   for (size_t i = 0; i < reqs.size(); ++i)
-    reqs[i]->draft = lookup(reqs[i]->tokens, config_.lookup_min(), config_.ngram_max, limits[i]);
+    reqs[i]->cut_draft(0), reqs[i]->draft = lookup(reqs[i]->tokens, config_.lookup_min(), config_.ngram_max, limits[i]);
 }
 
 void LookupFirstProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
@@ -161,7 +162,7 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
   std::vector<int32_t> want;
   for (size_t i = 0; i < reqs.size(); ++i) {
     Request& r = *reqs[i];
-    r.draft.clear();
+    r.cut_draft(0);
     Seq& seq = seqs_[r.id];
     // Its last token is run again (for its logits); KV past it belongs to rejected drafts.
     seq.computed = std::min(seq.computed, r.num_tokens() - 1);
@@ -224,10 +225,11 @@ int64_t DraftModelProposer::blocks_in_use() const {
 void HeadsProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     Request& r = *reqs[i];
-    r.draft.clear();
+    r.cut_draft(0);
     auto it = last_.find(r.id);
     if (it == last_.end() || it->second.n_tokens != r.num_tokens()) continue;  // no hidden state for its last token
-    heads_.propose(it->second.hidden.data(), limits[i], r.draft);
+    if (width_ > 1) heads_.propose_tree(it->second.hidden.data(), limits[i], width_, r.draft, r.draft_parents);
+    else heads_.propose(it->second.hidden.data(), limits[i], r.draft);
   }
 }
 
@@ -254,7 +256,7 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const M
     case SpecMethod::Heads:
       check(config.heads->n_embd == target.config().n_embd, "the heads are for hidden size {}, the model's is {}",
             config.heads->n_embd, target.config().n_embd);
-      return std::make_unique<HeadsProposer>(*config.heads);
+      return std::make_unique<HeadsProposer>(*config.heads, config.tree_width);
   }
   return nullptr;
 }

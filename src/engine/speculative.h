@@ -50,6 +50,8 @@ struct SpeculativeConfig {
   int32_t draft_backoff_max = 8;
   uint64_t draft_kv_bytes = 64ull << 20;  // the draft model's own KV cache
   const DecodingHeads* heads = nullptr;   // SpecMethod::Heads
+  // Heads: candidates per head in the token tree (1: one chain of each head's likeliest token).
+  int32_t tree_width = 4;
 
   // ngram_min, or by default 1 alone and 3 in front of a draft model or heads: a match of one or two
   // tokens is a poor guess next to theirs.
@@ -84,6 +86,9 @@ class Proposer {
   virtual void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) = 0;
   // Whether verified() needs the target's final hidden states.
   virtual bool wants_hidden() const { return false; }
+  // Whether proposals may be token trees (Request::draft_parents); their limit is then a number of
+  // tokens, not a chain length that adapts to acceptance.
+  virtual bool makes_trees() const { return false; }
   // After a step: `r`'s tokens now hold the accepted prefix of its draft and one more token, sampled
   // from the row whose final hidden state (n_embd floats) is `hidden` (when wants_hidden()).
   virtual void verified(const Request& /*r*/, const float* /*hidden*/) {}
@@ -115,6 +120,7 @@ class LookupFirstProposer : public Proposer {
       : lookup_(config), fallback_(std::move(fallback)) {}
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   bool wants_hidden() const override { return fallback_->wants_hidden(); }
+  bool makes_trees() const override { return fallback_->makes_trees(); }
   void verified(const Request& r, const float* hidden) override { fallback_->verified(r, hidden); }
   void forget(const Request& r) override { fallback_->forget(r); }
   int64_t blocks_in_use() const override { return fallback_->blocks_in_use(); }
@@ -166,11 +172,13 @@ class DraftModelProposer : public Proposer {
 };
 
 // Medusa-style heads (engine/heads.h): from the hidden state that gave a request's last token, head k
-// guesses the token k + 1 places after it. One chain of guesses (no token tree).
+// guesses the token k + 1 places after it. A token tree of each head's `tree_width` likeliest tokens
+// (DecodingHeads::propose_tree), or one chain with width 1.
 class HeadsProposer : public Proposer {
  public:
-  explicit HeadsProposer(const DecodingHeads& heads) : heads_(heads) {}
+  HeadsProposer(const DecodingHeads& heads, int32_t tree_width) : heads_(heads), width_(tree_width) {}
   bool wants_hidden() const override { return true; }
+  bool makes_trees() const override { return width_ > 1; }
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   void verified(const Request& r, const float* hidden) override;
   void forget(const Request& r) override { last_.erase(r.id); }
@@ -181,6 +189,7 @@ class HeadsProposer : public Proposer {
     std::vector<float> hidden;
   };
   const DecodingHeads& heads_;
+  int32_t width_;
   std::map<RequestId, Last> last_;
 };
 

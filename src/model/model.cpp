@@ -44,6 +44,17 @@ void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v)
   f32_to_fp16_row(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
 }
 
+void KvCache::copy_slot(int group, int32_t from, int32_t to) {
+  check(group >= 0 && group < n_groups() && from >= 0 && to >= 0 && from < n_slots_[group] && to < n_slots_[group],
+        "KV slot copy out of range");
+  const size_t row = size_t(kv_dim_) * elem_bytes_;
+  for (size_t il = 0; il < layer_group_.size(); ++il) {
+    if (layer_group_[il] != group) continue;
+    std::memcpy(k_[il].data.get() + size_t(to) * row, k_[il].data.get() + size_t(from) * row, row);
+    std::memcpy(v_[il].data.get() + size_t(to) * row, v_[il].data.get() + size_t(from) * row, row);
+  }
+}
+
 KvLayerView KvCache::view(int64_t layer) const { return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_}; }
 
 void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits) {
@@ -140,7 +151,7 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   for (int64_t t = 0; t < n_tok; ++t) {
     const int32_t pos = batch.positions[t];
     const int64_t first = swa ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
-    const KvSpan keys{batch.block_tables[group][batch.seq_ids[t]], batch.block_size, first, pos};
+    const KvSpan keys{batch.block_tables[group][batch.seq_ids[t]], batch.block_size_of(batch.seq_ids[t]), first, pos};
     queries[t] = {q.data() + t * c.q_dim(), keys, attn.data() + t * c.q_dim()};
   }
   cpu::attention_batch({int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale}, queries, kv.view(il));
@@ -171,6 +182,7 @@ void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
   const auto& c = config_;
   check(batch.n_groups() == c.n_kv_groups() && kv.n_groups() == c.n_kv_groups(), "batch or KV cache has the wrong number of KV groups");
   check(batch.block_size > 0, "block size must be positive");
+  for (int32_t bs : batch.table_block_size) check(bs > 0, "block size must be positive");
   for (int g = 0; g < batch.n_groups(); ++g) {
     check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
     // Per sequence, the span of positions its tokens attend to: checked once per block, not once
@@ -186,8 +198,8 @@ void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
       auto& sp = span[batch.seq_ids[t]];
       sp = {std::min(sp.first, first), std::max(sp.second, pos)};
     }
-    const int64_t bs = batch.block_size, n_blocks = kv.n_slots(g) / bs;
     for (size_t s = 0; s < span.size(); ++s) {
+      const int64_t bs = batch.block_size_of(int32_t(s)), n_blocks = kv.n_slots(g) / bs;
       const auto& table = batch.block_tables[g][s];
       if (span[s].second < 0) continue;
       check(span[s].second / bs < int64_t(table.size()), "position {} has no KV block", span[s].second);

@@ -28,6 +28,8 @@ class KvCache {
   size_t bytes_per_slot_per_layer() const { return 2 * kv_dim_ * elem_bytes_; }
   // Stores one token's K and V (kv_dim floats each) of `layer` in `slot` of the layer's group.
   void write(int64_t layer, int32_t slot, const float* k, const float* v);
+  // Copies K and V of slot `from` to slot `to` in every layer of KV group `group`.
+  void copy_slot(int group, int32_t from, int32_t to);
   // The layer's pools for the attention kernel.
   KvLayerView view(int64_t layer) const;
   uint64_t bytes() const;
@@ -62,6 +64,13 @@ struct Batch {
   // lists one slot per position.
   std::vector<std::vector<std::vector<int32_t>>> block_tables;
   int32_t block_size = 1;
+  // [sequence]: the block size of that sequence's tables when set, else block_size. A token of a
+  // draft tree attends its own list of slots (block size 1): the sequence's earlier positions, then
+  // its ancestors in the tree.
+  std::vector<int32_t> table_block_size;
+  int32_t block_size_of(int32_t seq) const {
+    return size_t(seq) < table_block_size.size() ? table_block_size[size_t(seq)] : block_size;
+  }
 
   // Appends one token writing `slot` in every group.
   void add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits);

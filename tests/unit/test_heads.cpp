@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 
 #include "base/error.h"
@@ -96,6 +97,56 @@ TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
   std::vector<int32_t> guesses;
   heads.propose(h.data(), 2, guesses);
   EXPECT_EQ(guesses, (std::vector<int32_t>{want, want}));
+}
+
+// The token tree is the set of the n likeliest paths (products of the heads' softmax probabilities over
+// their `width` likeliest tokens), best first, parents before children. Zero heads all give the
+// target's distribution, which the test computes itself from the output rows.
+TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
+  auto m = stories();
+  std::vector<int32_t> all(512);
+  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
+  const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
+  std::vector<float> h(64);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> n;
+  for (auto& x : h) x = 3 * n(rng);
+  std::vector<double> logit(512);
+  std::vector<float> row(64);
+  for (int v = 0; v < 512; ++v) {
+    get_row(m->weights().output, v, row.data());
+    for (int i = 0; i < 64; ++i) logit[size_t(v)] += double(row[size_t(i)]) * h[size_t(i)];
+  }
+  const double mx = *std::max_element(logit.begin(), logit.end());
+  double z = 0;
+  for (double l : logit) z += std::exp(l - mx);
+  std::vector<int32_t> top(512);
+  std::iota(top.begin(), top.end(), 0);
+  std::sort(top.begin(), top.end(), [&](int32_t a, int32_t b) { return logit[size_t(a)] > logit[size_t(b)]; });
+  top.resize(3);
+  auto p = [&](int32_t t) { return std::exp(logit[size_t(t)] - mx) / z; };
+  // Every path of up to 3 tokens from the top 3, with its probability.
+  std::vector<std::pair<double, std::vector<int32_t>>> paths;
+  for (int32_t a : top) {
+    paths.push_back({p(a), {a}});
+    for (int32_t b : top) {
+      paths.push_back({p(a) * p(b), {a, b}});
+      for (int32_t c : top) paths.push_back({p(a) * p(b) * p(c), {a, b, c}});
+    }
+  }
+  std::sort(paths.begin(), paths.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::vector<int32_t> tokens, parents;
+  heads.propose_tree(h.data(), 7, 3, tokens, parents);
+  ASSERT_EQ(tokens.size(), 7u);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_LT(parents[i], int32_t(i)) << "parents come first";
+    std::vector<int32_t> path;
+    for (int32_t a = int32_t(i); a >= 0; a = parents[size_t(a)]) path.insert(path.begin(), tokens[size_t(a)]);
+    EXPECT_EQ(path, paths[i].second) << "token " << i << " is the path of rank " << i;
+  }
+  heads.propose_tree(h.data(), 7, 1, tokens, parents);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{top[0], top[0], top[0]})) << "width 1: a chain, one token per head";
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1}));
 }
 
 TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {

@@ -233,6 +233,63 @@ TEST_F(StoriesSpec, TheDraftModelBacksOffAfterEmptyDrafts) {
   }
 }
 
+// An oracle that knows each request's plain continuation and proposes it as a token tree whose right
+// path is not the first branch, beside wrong tokens at every depth:
+//   0: wrong (root)   1: right (root)   2: wrong (under 1)   3: right (under 1)   4: right (under 3)
+//   5: wrong (under 0)
+// The kept path is then 1, 3, 4: its K/V must move from draft slots 1, 3, 4 to 0, 1, 2.
+class TreeOracle : public Proposer {
+ public:
+  std::map<RequestId, std::vector<int32_t>> plain;  // prompt and plain output per request
+  int32_t n_vocab = 0;
+  bool makes_trees() const override { return true; }
+  void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Request& r = *reqs[i];
+      r.cut_draft(0);
+      const auto& want = plain.at(r.id);
+      const size_t n = r.tokens.size();
+      if (n + 3 > want.size()) continue;
+      const auto wrong = [&](int32_t t) { return (t + 1) % n_vocab; };
+      r.draft = {wrong(want[n]), want[n], wrong(want[n + 1]), want[n + 1], want[n + 2], wrong(want[n + 1])};
+      r.draft_parents = {-1, -1, 1, 1, 3, 0};
+      r.cut_draft(size_t(limits[i]));
+    }
+  }
+};
+
+TEST_F(StoriesSpec, TreeVerificationKeepsAPathOffTheFirstBranch) {
+  for (float temp : {0.0f, 1.0f}) {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GenerationParams> ps;
+    std::vector<Outcome> want;
+    auto oracle = std::make_unique<TreeOracle>();
+    oracle->n_vocab = int32_t(model_->config().n_vocab);
+    for (size_t i = 0; i < kTexts.size(); ++i) {
+      prompts.push_back(encode(kTexts[i]));
+      ps.push_back(params(40, 5 + i, temp));
+      want.push_back(run_alone(*model_, prompts.back(), ps.back()));
+      auto& all = oracle->plain[RequestId(i + 1)];
+      all = prompts.back();
+      all.insert(all.end(), want.back().tokens.begin(), want.back().tokens.end());
+    }
+    Engine e(*model_, config(SpecMethod::Ngram));
+    e.set_proposer(std::move(oracle));
+    const auto got = run_engine(e, prompts, ps);
+    for (size_t i = 0; i < kTexts.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "temp " << temp << " " << kTexts[i];
+      EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "bitwise: the moved K/V and the tree mask are exact";
+    }
+    const SpecStats& st = e.stats().spec;
+    // Whole trees (6 tokens) keep 3; only the last steps of a request, near max_tokens, are cut.
+    EXPECT_LE(st.draft_tokens, 6 * st.drafts);
+    EXPECT_LE(st.accepted_tokens, 3 * st.drafts);
+    EXPECT_GE(st.accepted_per_pos[2], st.drafts - 3 * int64_t(kTexts.size())) << "the third right token is kept";
+    EXPECT_LT(e.stats().steps, 40 * 2) << "four tokens a step";
+    expect_pool_whole(e);
+  }
+}
+
 // A proposer that proposes {42} and records who asked (the fallback behind prompt lookup).
 class Recorder : public Proposer {
  public:
