@@ -38,7 +38,7 @@ struct SpecFlags {
                     "no speculation while more requests than this run (default 4)");
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
     cmd->add_option("--spec-tree-width", config.tree_width,
-                    "heads: candidates per head in the token tree (default 4; 1: one chain)");
+                    "heads: candidates per head in a token tree (default 1: one chain)");
     cmd->add_option("--draft-backoff", config.draft_backoff_max,
                     "after an empty draft the draft model skips the request for 1, 2, 4 ... steps, at most this "
                     "many (default 8; 0: never)");

@@ -50,8 +50,10 @@ struct SpeculativeConfig {
   int32_t draft_backoff_max = 8;
   uint64_t draft_kv_bytes = 64ull << 20;  // the draft model's own KV cache
   const DecodingHeads* heads = nullptr;   // SpecMethod::Heads
-  // Heads: candidates per head in the token tree (1: one chain of each head's likeliest token).
-  int32_t tree_width = 4;
+  // Heads: candidates per head in the token tree (1: one chain of each head's likeliest token). A tree
+  // pays only with accurate heads: each token costs verification compute, and the heads trained here
+  // (about 40 % top-1) were slower with width 4 than with a chain (docs/speculative.md).
+  int32_t tree_width = 1;
 
   // ngram_min, or by default 1 alone and 3 in front of a draft model or heads: a match of one or two
   // tokens is a poor guess next to theirs.

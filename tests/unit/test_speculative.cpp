@@ -99,6 +99,7 @@ class StoriesSpec : public ::testing::Test {
     cfg.spec.draft_model = model_;  // the model drafting for itself: greedy drafts are all accepted
     cfg.spec.draft_kv_bytes = 1 << 20;
     cfg.spec.heads = heads_;
+    cfg.spec.tree_width = 3;  // heads propose token trees (the real-model test below runs a chain)
     return cfg;
   }
   // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads".
