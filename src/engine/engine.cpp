@@ -123,6 +123,7 @@ void Engine::finish(Request& r, FinishReason reason, const std::string& error) {
   ev.finished = true;
   ev.reason = reason;
   ev.error = error;
+  ev.cached_tokens = std::max<int64_t>(0, r.cached_prompt_tokens);
   const RequestId id = r.id;
   auto cb = std::move(r.on_token);
   requests_.erase(id);
@@ -266,7 +267,9 @@ bool Engine::emit(Request& r, const SampleResult& sample) {
   ++counters_.generation_tokens;
   r.t_last_token = Clock::now();
   if (r.num_output_tokens() == 1) r.t_first_token = r.t_last_token;
-  if (r.on_token) r.on_token({r.id, sample.token, sample.logprob, sample.top, false, FinishReason::None, ""});
+  if (r.on_token)
+    r.on_token({r.id, sample.token, sample.logprob, sample.top, false, FinishReason::None, "",
+                std::max<int64_t>(0, r.cached_prompt_tokens)});
   if (should_stop(r, sample.token)) return finish(r, FinishReason::Stop), false;
   if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= max_model_len_)
     return finish(r, FinishReason::Length), false;

@@ -40,6 +40,9 @@ struct TokenEvent {
   bool finished = false;
   FinishReason reason = FinishReason::None;
   std::string error;  // for FinishReason::Error
+  // Prompt tokens whose KV came from the prefix cache when the request was first scheduled (OpenAI's
+  // usage.prompt_tokens_details.cached_tokens); on every event of a request that was scheduled.
+  int64_t cached_tokens = 0;
 };
 
 using TokenCallback = std::function<void(const TokenEvent&)>;
@@ -70,6 +73,7 @@ struct Request {
   std::vector<int64_t> batch_tables_live;
   Sampler sampler;
   int32_t n_preemptions = 0;
+  int64_t cached_prompt_tokens = -1;  // prefix-cache hit at the first scheduling (-1: not scheduled yet)
   // Speculative decoding: tokens proposed to follow `tokens`, verified in this step's batch (the
   // scheduler may shorten or drop them), and the adaptive proposal length (0: not set yet).
   std::vector<int32_t> draft;

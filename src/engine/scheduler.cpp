@@ -96,6 +96,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     stats_.prefix_hits += hit.n_tokens;
     r->kv = kv_.allocate(hit, hit.n_tokens + n_new);
     r->num_computed_tokens = hit.n_tokens;
+    if (r->cached_prompt_tokens < 0) r->cached_prompt_tokens = hit.n_tokens;
     r->state = RequestState::Running;
     running_.push_back(r);
     out.scheduled.push_back({r, n_new});

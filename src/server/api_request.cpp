@@ -113,6 +113,42 @@ std::vector<int32_t> completion_prompt(const json& b, const Tokenizer& tok) {
   return prompt;
 }
 
+// The text a prompt stands for (echo): the string as sent, or the decoded token ids.
+std::string prompt_text(const json& b, const std::vector<int32_t>& ids, const Tokenizer& tok) {
+  const json& p = b["prompt"];
+  if (p.is_string()) return p.get<std::string>();
+  if (p.is_array() && p.size() == 1 && p[0].is_string()) return p[0].get<std::string>();
+  return tok.decode(ids, true);
+}
+
+// Fill in the middle: `suffix` comes after the completion. The prompt becomes the model's FIM form
+// (<|fim_prefix|> prompt <|fim_suffix|> suffix <|fim_middle|>, the Qwen2.5-Coder and StarCoder
+// tokens), so what the model writes is the middle.
+void fill_in_the_middle(const json& b, const Tokenizer& tok, std::vector<int32_t>& prompt) {
+  if (!b.contains("suffix") || b["suffix"].is_null()) return;
+  if (!b["suffix"].is_string()) bad_request("'suffix' must be a string", "suffix");
+  const auto token = [&](const char* a, const char* c) { return tok.find(a) >= 0 ? tok.find(a) : tok.find(c); };
+  const int32_t pre = token("<|fim_prefix|>", "<fim_prefix>"), suf = token("<|fim_suffix|>", "<fim_suffix>"),
+                mid = token("<|fim_middle|>", "<fim_middle>");
+  if (pre < 0 || suf < 0 || mid < 0)
+    bad_request("'suffix' needs a model with fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+                "<|fim_middle|>); this one has none", "suffix");
+  std::vector<int32_t> out{pre};
+  out.insert(out.end(), prompt.begin(), prompt.end());
+  out.push_back(suf);
+  const std::vector<int32_t> s = tok.encode(b["suffix"].get<std::string>(), false, false);
+  out.insert(out.end(), s.begin(), s.end());
+  out.push_back(mid);
+  prompt = std::move(out);
+}
+
+void echo_from(const json& b, const Tokenizer& tok, GenJob& job) {
+  if (!field<bool>(b, "echo").value_or(false)) return;
+  if (job.logprobs >= 0)
+    bad_request("'echo' together with 'logprobs' is not supported yet (log-probabilities of the prompt)", "echo");
+  job.echo_text = prompt_text(b, job.prompt, tok);
+}
+
 void logit_bias_from(const json& b, SamplingParams& s) {
   if (!b.contains("logit_bias") || b["logit_bias"].is_null()) return;
   if (!b["logit_bias"].is_object()) bad_request("'logit_bias' must be an object of token id to bias", "logit_bias");
@@ -204,6 +240,101 @@ void stops_from(const json& b, GenJob& job, int32_t n_vocab) {
         bad_request(fmt::format("stop token id {} is outside the vocabulary (0..{})", id, n_vocab - 1), "stop_token_ids");
       job.params.stop_token_ids.push_back(int32_t(id));
     }
+  }
+}
+
+// ---- the fields a request may carry ------------------------------------------------------------------
+// Every field of OpenAI's completions and chat completions APIs, and the extensions Serval takes from
+// vLLM and llama-server, with what becomes of it. A field Serval does not implement is refused with a
+// 400 that names it, and so is a field nobody defines: nothing a client sends is silently ignored.
+
+void refuse(const char* name, const std::string& why) { bad_request(fmt::format("'{}' {}", name, why), name); }
+
+// Values used by the parser itself (checked where they are read).
+void used(const char*, const json&) {}
+
+void not_supported(const char* name, const json&) { refuse(name, "is not supported by this server"); }
+
+void short_string(const char* name, const json& v) {
+  if (!v.is_string() || v.get<std::string>().size() > 512) refuse(name, "must be a string of at most 512 bytes");
+}
+
+// OpenAI's metadata: at most 16 pairs, keys of at most 64 characters, string values of at most 512.
+void metadata(const char* name, const json& v) {
+  if (!v.is_object() || v.size() > 16) refuse(name, "must be an object of at most 16 string pairs");
+  for (const auto& [k, x] : v.items())
+    if (k.size() > 64 || !x.is_string() || x.get<std::string>().size() > 512)
+      refuse(name, "keys must be at most 64 characters and values strings of at most 512");
+}
+
+void store(const char* name, const json& v) {
+  if (!v.is_boolean()) refuse(name, "must be a boolean");
+  if (v.get<bool>()) refuse(name, "true is not supported: this server stores no completions");
+}
+
+void service_tier(const char* name, const json& v) {
+  if (v != "auto" && v != "default") refuse(name, "must be 'auto' or 'default' (this server has one tier)");
+}
+
+void boolean(const char* name, const json& v) {
+  if (!v.is_boolean()) refuse(name, "must be a boolean");
+}
+
+void tool_choice(const char* name, const json& v) {
+  if (v != "none" && v != "auto")
+    refuse(name, "other than 'none' or 'auto' is not supported yet (tools are passed to the chat template)");
+}
+
+void response_format(const char* name, const json& v) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) refuse(name, "must be an object with a 'type'");
+  if (v["type"] != "text")
+    refuse(name, fmt::format("type '{}' is not supported yet (only 'text')", v["type"].get<std::string>()));
+}
+
+void modalities(const char* name, const json& v) {
+  if (v != json::array({"text"})) refuse(name, "must be [\"text\"]: this server generates text only");
+}
+
+enum : uint8_t { kCompletions = 1, kChat = 2, kBoth = 3 };
+struct FieldRule {
+  const char* name;
+  uint8_t endpoints;
+  void (*check)(const char* name, const json& value);  // throws ApiError for a value refused
+};
+
+constexpr FieldRule kFields[] = {
+    // OpenAI, both endpoints
+    {"model", kBoth, used}, {"frequency_penalty", kBoth, used}, {"logit_bias", kBoth, used},
+    {"logprobs", kBoth, used}, {"max_tokens", kBoth, used}, {"n", kBoth, used}, {"presence_penalty", kBoth, used},
+    {"seed", kBoth, used}, {"stop", kBoth, used}, {"stream", kBoth, used}, {"stream_options", kBoth, used},
+    {"temperature", kBoth, used}, {"top_p", kBoth, used}, {"user", kBoth, short_string},
+    // OpenAI, completions
+    {"prompt", kCompletions, used}, {"echo", kCompletions, used}, {"suffix", kCompletions, used},
+    {"best_of", kCompletions, used},
+    // OpenAI, chat completions
+    {"messages", kChat, used}, {"max_completion_tokens", kBoth, used}, {"top_logprobs", kChat, used},
+    {"tools", kChat, used}, {"tool_choice", kChat, tool_choice}, {"parallel_tool_calls", kChat, boolean},
+    {"response_format", kChat, response_format}, {"metadata", kChat, metadata}, {"store", kChat, store},
+    {"service_tier", kChat, service_tier}, {"modalities", kChat, modalities}, {"prompt_cache_key", kChat, short_string},
+    {"safety_identifier", kChat, short_string}, {"audio", kChat, not_supported}, {"prediction", kChat, not_supported},
+    {"reasoning_effort", kChat, not_supported}, {"verbosity", kChat, not_supported},
+    {"web_search_options", kChat, not_supported}, {"functions", kChat, not_supported},
+    {"function_call", kChat, not_supported},
+    // vLLM's and llama-server's extensions that Serval implements
+    {"top_k", kBoth, used}, {"min_p", kBoth, used}, {"repetition_penalty", kBoth, used}, {"ignore_eos", kBoth, used},
+    {"stop_token_ids", kBoth, used}, {"priority", kBoth, used}, {"speculative", kBoth, used},
+    {"speculative.n_max", kBoth, used}, {"chat_template", kChat, used}, {"add_generation_prompt", kChat, used},
+};
+
+void check_fields(const json& b, bool chat) {
+  for (const auto& [key, value] : b.items()) {
+    const FieldRule* rule = nullptr;
+    for (const FieldRule& r : kFields)
+      if (key == r.name) rule = &r;
+    if (!rule || !(rule->endpoints & (chat ? kChat : kCompletions)))
+      bad_request(fmt::format("unknown field '{}' for {}", key, chat ? "/v1/chat/completions" : "/v1/completions"),
+                  key);
+    if (!value.is_null()) rule->check(rule->name, value);
   }
 }
 
@@ -312,17 +443,26 @@ void speculative_from(const json& b, GenJob& job) {
 
 GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx) {
   const Tokenizer& tok = *ctx.tokenizer;
+  check_fields(b, chat);
   GenJob job;
   job.chat = chat;
   job.prompt = chat ? tok.encode(render_chat(b, ctx), /*add_special=*/false, /*parse_special=*/true)
                     : completion_prompt(b, tok);
   if (job.prompt.empty()) bad_request("the chat template rendered an empty prompt", "messages");
   logprobs_from(b, chat, job);
+  if (!chat) {
+    echo_from(b, tok, job);  // the prompt as sent, before it becomes a fill-in-the-middle prompt
+    fill_in_the_middle(b, tok, job.prompt);
+  }
   sampling_from(b, job, ctx);
   lengths_from(b, chat, job, ctx);
   const int64_t n = field<int64_t>(b, "n").value_or(1);
   if (n < 1 || n > 16) bad_request(fmt::format("n must be between 1 and 16, got {}", n), "n");
   job.n = int(n);
+  const int64_t best_of = field<int64_t>(b, "best_of").value_or(n);
+  if (best_of < n) bad_request(fmt::format("best_of must be at least n ({}), got {}", n, best_of), "best_of");
+  if (best_of > n)
+    bad_request("best_of greater than n is not supported (it would rank candidates by log-probability)", "best_of");
   job.params.ignore_eos = field<bool>(b, "ignore_eos").value_or(false);
   stops_from(b, job, tok.n_vocab());
   job.stream = field<bool>(b, "stream").value_or(false);

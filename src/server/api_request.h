@@ -53,6 +53,7 @@ struct GenJob {
   std::vector<std::string> stops;
   bool stream = false, include_usage = false;
   int logprobs = -1;  // -1: none; chat: top_logprobs count with logprobs=true
+  std::string echo_text;  // completions with `echo`: the prompt, put before each choice's text
 };
 
 // A request body: must be a JSON object.

@@ -119,6 +119,7 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
   if (c.done) return false;
   const auto now = SteadyClock::now();
   delta.clear();
+  c.cached_tokens = std::max(c.cached_tokens, ev.cached_tokens);
   if (!ev.finished) {
     if (c.tokens == 0) {
       c.t_first = now;
@@ -156,6 +157,7 @@ void CompletionRun::send_sse(const json& payload) { ex_->write_chunk("data: " + 
 void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta, size_t index) {
   Choice& c = choices_[index];
   const bool first = job_.chat && !c.started;
+  const std::string shown = c.started ? delta : job_.echo_text + delta;  // echo: the prompt comes first
   c.started = true;
   json lp = nullptr;
   if (job_.logprobs >= 0 && !ev.finished) {
@@ -169,7 +171,7 @@ void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta,
                 {"top_logprobs", json::array({top})}, {"text_offset", {c.full_text.size() - delta.size()}}};
     }
   }
-  if (!delta.empty() || first || lp != nullptr) send_sse(chunk_json(index, delta, nullptr, lp, first));
+  if (!shown.empty() || first || lp != nullptr) send_sse(chunk_json(index, shown, nullptr, lp, first));
   if (c.done) send_sse(chunk_json(index, "", &c, nullptr, false));
 }
 
@@ -227,7 +229,13 @@ json CompletionRun::usage_json() const {
   int64_t completion = 0;
   for (const auto& c : choices_) completion += c.tokens;
   const int64_t prompt = int64_t(job_.prompt.size());
-  return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  // The prompt is counted once for all choices, as OpenAI does; so are its cached tokens (the first
+  // choice's: the others find the first one's blocks).
+  const int64_t cached = choices_.empty() ? 0 : choices_[0].cached_tokens;
+  return json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 json CompletionRun::chunk_json(size_t index, const std::string& delta, const Choice* finished, const json& lp,
@@ -276,7 +284,7 @@ json CompletionRun::final_json() const {
     json choice{{"index", i}, {"logprobs", job_.logprobs >= 0 ? completion_logprobs(c) : json(nullptr)},
                 {"finish_reason", c.finish_reason}};
     if (job_.chat) choice["message"] = json{{"role", "assistant"}, {"content", c.full_text}};
-    else choice["text"] = c.full_text;
+    else choice["text"] = job_.echo_text + c.full_text;
     out.push_back(choice);
   }
   return json{{"id", id_}, {"object", job_.chat ? "chat.completion" : "text_completion"}, {"created", created_},

@@ -42,6 +42,7 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
     std::string full_text;
     RequestId engine_id = 0;
     int64_t tokens = 0;
+    int64_t cached_tokens = 0;  // prompt tokens the prefix cache held
     std::vector<int32_t> token_ids;
     std::vector<float> token_logprobs;
     std::vector<std::vector<TokenLogprob>> tops;
