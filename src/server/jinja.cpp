@@ -313,6 +313,19 @@ struct Piece {
   std::string text;
 };
 
+// Where the tag opened before `from` closes: the first `close` outside string literals (Jinja lexes a
+// tag's tokens, so `{{ "}}" }}` is one expression); comments have no strings. npos if none.
+size_t tag_end(const std::string& src, size_t from, const std::string& close, bool strings) {
+  for (size_t i = from; i + 1 < src.size(); ++i) {
+    if (src.compare(i, close.size(), close) == 0) return i;
+    if (!strings || (src[i] != '"' && src[i] != '\'')) continue;
+    const char quote = src[i];
+    for (++i; i < src.size() && src[i] != quote; ++i)
+      if (src[i] == '\\') ++i;  // an escaped character, the quote included
+  }
+  return std::string::npos;
+}
+
 std::vector<Piece> lex(const std::string& src) {
   std::vector<Piece> out;
   size_t pos = 0;
@@ -344,7 +357,7 @@ std::vector<Piece> lex(const std::string& src) {
     }
     if (!text.empty()) out.push_back({Tok::Text, text});
     const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
-    const size_t end = src.find(close, open + 2);
+    const size_t end = tag_end(src, open + 2, close, kind != '#');
     check(end != std::string::npos, "chat template: unclosed '{{{}' tag", kind);
     size_t body_begin = open + 2 + (strip_before || keep_before ? 1 : 0);
     size_t body_end = end;

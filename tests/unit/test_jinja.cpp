@@ -46,6 +46,17 @@ std::string repeat(const std::string& s, int n) {
 
 // ---------------------------------------------------------------- integer arithmetic
 
+// A tag ends at the first closing delimiter outside string literals, as Jinja lexes it: Qwen2.5-Coder
+// 1.5B's template writes "{{\"name\": ...}}" inside a {{- "..." }} expression.
+TEST(JinjaLexer, ClosingDelimitersInsideStringsDoNotEndTheTag) {
+  EXPECT_EQ(render("{{ \"a}}b\" }}"), "a}}b");
+  EXPECT_EQ(render("{{- 'x}}' -}} y"), "x}}y");
+  EXPECT_EQ(render("{% set s = \"%}\" %}[{{ s }}]"), "[%}]");
+  EXPECT_EQ(render("{{ \"q\\\"}}\" }}"), "q\"}}") << "an escaped quote does not end the string";
+  EXPECT_EQ(render("{# a \" #}b"), "b") << "comments have no strings";
+  EXPECT_THROW(render("{{ \"never closed }}"), Error);
+}
+
 TEST(JinjaArithmetic, AdditionAndSubtractionAtInt64Bounds) {
   EXPECT_EQ(render("{{ 9223372036854775806 + 1 }}"), "9223372036854775807");
   EXPECT_ERROR("{{ 9223372036854775807 + 1 }}", "integer overflow in '+'");
