@@ -34,7 +34,9 @@ TEST(Cpu, AvailableCoresFollowsTheAffinityMask) {
   const int n = available_cores();
   EXPECT_GE(n, 1);
   EXPECT_LE(n, CPU_COUNT(&old));
-  if (const auto limit = cgroup_cpu_limit()) EXPECT_LE(n, std::max(1, int(std::ceil(*limit - 1e-9))));
+  if (const auto limit = cgroup_cpu_limit()) {
+    EXPECT_LE(n, std::max(1, int(std::ceil(*limit - 1e-9))));
+  }
   // Pinned to one CPU (this thread; sched_getaffinity(0) reads the calling thread's mask), one core.
   int first = 0;
   while (!CPU_ISSET(first, &old)) ++first;

@@ -51,7 +51,9 @@ TEST(Dequant, RowConversionsMatchScalar) {
   fp16_to_f32_row(h.data(), f.data(), h.size());
   for (size_t i = 0; i < h.size(); ++i) {
     const float want = fp16_to_f32_portable(h[i]);
-    if (!std::isnan(want)) EXPECT_EQ(f[i], want) << i;
+    if (!std::isnan(want)) {
+      EXPECT_EQ(f[i], want) << i;
+    }
   }
   std::vector<float> x(1003);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * float(i);

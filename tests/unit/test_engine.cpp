@@ -87,8 +87,11 @@ TEST_F(StoriesEngine, ConcurrentEqualsAloneForAnyChunkSizeAndCacheState) {
         }
         expect_pool_whole(e);
       }
-      if (prefix_caching) EXPECT_GT(e.stats().prefix_hits, 0);
-      else EXPECT_EQ(e.stats().prefix_hits, 0);
+      if (prefix_caching) {
+        EXPECT_GT(e.stats().prefix_hits, 0);
+      } else {
+        EXPECT_EQ(e.stats().prefix_hits, 0);
+      }
     }
   }
 }
@@ -456,7 +459,9 @@ TEST(RealModelEngine, Gemma3SlidingWindowFreesBlocksAndMatchesAlone) {
       for (int32_t b : r->kv.table(0)) held_global += b >= 0;
       for (int32_t b : r->kv.table(1)) held_window += b >= 0;
       EXPECT_LE(held_window, (512 + 256) / 16 + 2) << "the window group keeps only what the window needs";
-      if (r->num_computed_tokens >= 700) EXPECT_GT(held_global, held_window);
+      if (r->num_computed_tokens >= 700) {
+        EXPECT_GT(held_global, held_window);
+      }
       // The engine's block counts add both groups up.
       const EngineStats st = e.stats();
       EXPECT_EQ(st.blocks_total, 128);

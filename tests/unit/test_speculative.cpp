@@ -51,7 +51,9 @@ std::vector<Outcome> run_engine(Engine& e, const std::vector<std::vector<int32_t
 void expect_pool_whole(const Engine& e) {
   const auto& kv = e.kv_manager();
   for (int g = 0; g < kv.n_groups(); ++g) EXPECT_EQ(kv.pool(g).n_free(), kv.pool(g).n_blocks()) << "leaked blocks";
-  if (e.proposer()) EXPECT_EQ(e.proposer()->blocks_in_use(), 0) << "the draft model's KV leaked";
+  if (e.proposer()) {
+    EXPECT_EQ(e.proposer()->blocks_in_use(), 0) << "the draft model's KV leaked";
+  }
 }
 
 // Two heads trained briefly on the model's own greedy text (enough for some guesses to be right).
@@ -139,8 +141,9 @@ TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
       EXPECT_LE(st.accepted_tokens, st.draft_tokens);
       EXPECT_EQ(st.accepted_per_pos.size(), 6u);
       EXPECT_EQ(st.accepted_per_pos[0] <= st.drafts, true);
-      if (method == "draft" && temp == 0.0f)
+      if (method == "draft" && temp == 0.0f) {
         EXPECT_EQ(st.accepted_tokens, st.draft_tokens) << "a model's own greedy drafts are always accepted";
+      }
       EXPECT_LT(together.stats().steps, 60 * int64_t(kTexts.size())) << "speculation saved no step";
       expect_pool_whole(together);
       Engine alone(*model_, config(method));  // one request at a time
@@ -227,8 +230,11 @@ TEST_F(StoriesSpec, TheDraftModelBacksOffAfterEmptyDrafts) {
       if (p.forward_passes() > before) ran.push_back(step);
       r.tokens.push_back(r.tokens.back());
     }
-    if (backoff == 0) EXPECT_EQ(ran.size(), 16u) << "no back-off: the draft model runs every step";
-    else EXPECT_EQ(ran, (std::vector<int>{0, 2, 5, 10, 15})) << "waits of 1, 2, 4, then 4 (the cap)";
+    if (backoff == 0) {
+      EXPECT_EQ(ran.size(), 16u) << "no back-off: the draft model runs every step";
+    } else {
+      EXPECT_EQ(ran, (std::vector<int>{0, 2, 5, 10, 15})) << "waits of 1, 2, 4, then 4 (the cap)";
+    }
     p.forget(r);
     EXPECT_EQ(p.blocks_in_use(), 0);
   }
@@ -464,7 +470,9 @@ TEST(RealModelSpec, QwenPairAndPromptLookupGiveThePlainTokens) {
     const auto got = run_engine(e, prompts, ps);
     for (size_t i = 0; i < texts.size(); ++i)
       EXPECT_EQ(got[i].tokens, run_alone(*m, prompts[i], ps[i]).tokens) << method << " " << texts[i];
-    if (method != "heads") EXPECT_GT(e.stats().spec.accepted_tokens, 0) << method;
+    if (method != "heads") {
+      EXPECT_GT(e.stats().spec.accepted_tokens, 0) << method;
+    }
     EXPECT_GT(e.stats().spec.drafts, 0) << method;
   }
 }
