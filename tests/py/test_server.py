@@ -273,7 +273,12 @@ def test_stop_token_ids_stop_and_bad_ones_are_refused(server, client):
     status, body, _ = server.post("/v1/completions", {**base, "stop_token_ids": [stop_id]})
     assert status == 200 and body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["completion_tokens"] <= 3
-    for bad in ["x", [-1], list(range(65))]:
+    # Every id of the list counts, not only the first.
+    never = tok["tokens"][0] + 1 if tok["tokens"][0] + 1 not in tok["tokens"] else 0
+    status, body, _ = server.post("/v1/completions", {**base, "stop_token_ids": [never, stop_id]})
+    assert status == 200 and body["choices"][0]["finish_reason"] == "stop", body
+    assert body["usage"]["completion_tokens"] <= 3
+    for bad in ["x", [-1], list(range(65)), [stop_id, 10**9]]:
         status, body, _ = server.post("/v1/completions", {**base, "stop_token_ids": bad})
         assert status == 400 and body["error"]["param"] == "stop_token_ids", (bad, body)
 
