@@ -74,6 +74,26 @@ TEST(DecodingHeads, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
   for (float g : dw) ASSERT_EQ(g, 0.0f);
 }
 
+// A hidden state of stories260K (64 values, normal with this scale), and the target's own logits for
+// it, computed here in double from the output rows (the heads' oracle).
+std::vector<float> random_hidden(uint32_t seed, float scale) {
+  std::vector<float> h(64);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n;
+  for (auto& x : h) x = scale * n(rng);
+  return h;
+}
+
+std::vector<double> target_logits(const Model& m, const std::vector<float>& h) {
+  std::vector<double> logits(512);
+  std::vector<float> row(64);
+  for (int v = 0; v < 512; ++v) {
+    get_row(m.weights().output, v, row.data());
+    for (int i = 0; i < 64; ++i) logits[size_t(v)] += double(row[size_t(i)]) * h[size_t(i)];
+  }
+  return logits;
+}
+
 TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
   // With W = 0 and b = 0 the block is the identity: every head's guess is the target's own argmax
   // over the subset.
@@ -81,18 +101,8 @@ TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
   std::vector<int32_t> all(512);
   for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
   const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
-  std::vector<float> h(64);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> n;
-  for (auto& x : h) x = n(rng);
-  std::vector<float> logits(512);
-  for (int v = 0; v < 512; ++v) logits[size_t(v)] = [&] {
-    std::vector<float> row(64);
-    get_row(m->weights().output, v, row.data());
-    double s = 0;
-    for (int i = 0; i < 64; ++i) s += double(row[size_t(i)]) * h[size_t(i)];
-    return float(s);
-  }();
+  const std::vector<float> h = random_hidden(1, 1.0f);
+  const std::vector<double> logits = target_logits(*m, h);
   const int32_t want = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> guesses;
   heads.propose(h.data(), 2, guesses);
@@ -107,16 +117,8 @@ TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
   std::vector<int32_t> all(512);
   for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
   const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
-  std::vector<float> h(64);
-  std::mt19937 rng(2);
-  std::normal_distribution<float> n;
-  for (auto& x : h) x = 3 * n(rng);
-  std::vector<double> logit(512);
-  std::vector<float> row(64);
-  for (int v = 0; v < 512; ++v) {
-    get_row(m->weights().output, v, row.data());
-    for (int i = 0; i < 64; ++i) logit[size_t(v)] += double(row[size_t(i)]) * h[size_t(i)];
-  }
+  const std::vector<float> h = random_hidden(2, 3.0f);
+  const std::vector<double> logit = target_logits(*m, h);
   const double mx = *std::max_element(logit.begin(), logit.end());
   double z = 0;
   for (double l : logit) z += std::exp(l - mx);
