@@ -34,3 +34,22 @@ def cached_model(name: str) -> pathlib.Path:
 def serval_bin():
     assert SERVAL.exists(), f"{SERVAL} missing: run scripts/setup"
     return SERVAL
+
+
+# The default model's server and an official openai client for it, once per test module; a module
+# that needs other flags or another model defines its own `server` (and `client`).
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def server():
+    from server_util import Server  # server_util imports this module
+    s = Server(cached_model(DEFAULT_MODEL), name=DEFAULT_MODEL)
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    import openai
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)

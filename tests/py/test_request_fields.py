@@ -4,23 +4,11 @@ the fields Serval does not implement, against a real server with the official op
 import openai
 import pytest
 
-from conftest import MODELS, cached_model
+from conftest import DEFAULT_MODEL, MODELS
 from server_util import Server
 
-MODEL = "qwen2.5-coder-0.5b-instruct"
+MODEL = DEFAULT_MODEL  # the conftest `server` and `client` fixtures serve it
 STORIES = MODELS / "stories260K.gguf"
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server(cached_model(MODEL), name=MODEL)
-    yield s
-    assert s.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def refused(call, param, *needles):

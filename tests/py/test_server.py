@@ -9,22 +9,9 @@ import time
 import openai
 import pytest
 
-from conftest import cached_model
-from server_util import Server
+from conftest import DEFAULT_MODEL
 
-MODEL = "qwen2.5-coder-0.5b-instruct"
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server(cached_model(MODEL), name=MODEL)
-    yield s
-    assert s.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+MODEL = DEFAULT_MODEL  # the conftest `server` and `client` fixtures serve it
 
 
 def stream_text(stream):
