@@ -193,10 +193,15 @@ void Engine::build_batch(const SchedulerOutput& plan) {
   }
 }
 
+// Depth of each draft token (1: a child of the last known token), parents before children.
+static void tree_depths(std::span<const int32_t> parents, std::vector<int32_t>& depth) {
+  depth.clear();
+  for (int32_t parent : parents) depth.push_back(parent < 0 ? 1 : depth[size_t(parent)] + 1);
+}
+
 void Engine::prepare_tree(const Request& r, int64_t n_known) {
   const int64_t bs = config_.block_size;
-  tree_depth_.clear();
-  for (int32_t parent : r.draft_parents) tree_depth_.push_back(parent < 0 ? 1 : tree_depth_[size_t(parent)] + 1);
+  tree_depths(r.draft_parents, tree_depth_);
   tree_prefix_.resize(size_t(model_.config().n_kv_groups()));
   for (int g = 0; g < int(tree_prefix_.size()); ++g) {
     const auto& table = r.kv.table(g);
@@ -311,12 +316,11 @@ int64_t Engine::accept_tokens(Request& r, int64_t row) {
   record_verification(draft.size(), path.size());
   if (!alive) return -1;
   if (tree) move_kept_kv(r, n_known, path);
-  size_t depth = 0;  // of the deepest draft token: a chain's length
-  for (size_t i = 0, d = 0; i < draft.size(); ++i, d = 0) {
-    for (int32_t a = int32_t(i); a >= 0; a = parents[size_t(a)]) ++d;
-    depth = std::max(depth, d);
+  if (!draft.empty()) {  // the deepest draft token's depth is a chain's length
+    tree_depths(parents, tree_depth_);
+    const size_t depth = size_t(*std::max_element(tree_depth_.begin(), tree_depth_.end()));
+    r.spec_len = next_spec_len(r.spec_len, depth, path.size(), config_.spec.draft_max);
   }
-  if (!draft.empty()) r.spec_len = next_spec_len(r.spec_len, depth, path.size(), config_.spec.draft_max);
   return at;
 }
 

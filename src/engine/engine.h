@@ -107,7 +107,7 @@ class Engine {
   std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Request*> spec_reqs_;
   std::vector<int32_t> spec_limits_;
-  std::vector<int32_t> tree_depth_;                   // build_batch: depth of each node of a draft tree
+  std::vector<int32_t> tree_depth_;                   // depth of each token of a draft tree (scratch)
   std::vector<std::vector<int32_t>> tree_prefix_;     // ... and per group the request's slots before it
 
   // Fills batch_ and logit_row_ (the logits row of each scheduled request, -1 for none); the block
