@@ -1,3 +1,6 @@
+#include <optional>
+#include <limits>
+#include <bit>
 #include "engine/engine.h"
 
 #include <fmt/core.h>
@@ -92,6 +95,7 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, GenerationParams para
   check(!requests_.count(id), "request id {} is in use", id);
   if (id == 0) id = reserve_id();
   auto r = std::make_unique<Request>(id, std::move(prompt), std::move(params), std::move(on_token), arrivals_++);
+  if (r->params.grammar) r->matcher = std::make_unique<grammar::GrammarMatcher>(r->params.grammar, token_vocab());
   scheduler_->add(r.get());
   counters_.prompt_tokens += r->n_prompt;
   requests_.emplace(id, std::move(r));
@@ -150,6 +154,7 @@ void Engine::build_batch(const SchedulerOutput& plan) {
   }
   batch.table_block_size.assign(plan.scheduled.size(), int32_t(bs));
   logit_row_.clear();
+  prompt_rows_.clear();
   int64_t n_logits = 0;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
@@ -176,12 +181,17 @@ void Engine::build_batch(const SchedulerOutput& plan) {
     const int64_t n_known = r.num_tokens();  // then the draft tokens, each with its logits row
     const bool tree = !r.draft_parents.empty() && end > n_known;
     if (tree) prepare_tree(r, n_known);
+    // Prompt rows whose logits give a prompt token's log-probability (row p: token p + 1).
+    const int64_t lp_begin = r.wants_prompt_logits() ? std::max(begin, r.prompt_logprobs_done - 1) : end;
+    const int64_t lp_end = std::min(end, r.n_prompt - 1);
+    prompt_rows_.push_back({lp_begin, std::max<int64_t>(0, lp_end - lp_begin), n_logits});
+    n_logits += prompt_rows_.back().count;
     for (int64_t p = begin; p < end; ++p) {
       if (tree && p >= n_known) {
         add_tree_node(r, p - n_known, n_known);
         continue;
       }
-      const bool logits = p >= n_known - 1;
+      const bool logits = p >= n_known - 1 || (p >= lp_begin && p < lp_end);
       batch.tokens.push_back(p < n_known ? r.tokens[p] : r.draft[p - n_known]);
       batch.positions.push_back(int32_t(p));
       batch.seq_ids.push_back(int32_t(s));
@@ -253,6 +263,7 @@ void Engine::propose_drafts() {
   spec_limits_.clear();
   for (Request* r : running) {
     if (r->num_tokens() - r->num_computed_tokens != 1) continue;  // still in prefill
+    if (r->matcher) continue;  // constrained: no speculation
     const int32_t cap = r->params.draft_max < 0 ? config_.spec.draft_max : std::min(r->params.draft_max, config_.spec.draft_max);
     if (r->spec_len == 0) r->spec_len = cap;
     // n accepted tokens and one more: never past max_tokens or the context.
@@ -265,6 +276,47 @@ void Engine::propose_drafts() {
   if (!spec_reqs_.empty()) proposer_->propose(spec_reqs_, spec_limits_);
   for (Request* r : spec_reqs_)
     if (int32_t(r->draft.size()) < config_.spec.draft_min) r->cut_draft(0);
+}
+
+const std::shared_ptr<const grammar::TokenVocab>& Engine::token_vocab() {
+  if (!token_vocab_) {
+    const Tokenizer& tok = model_.tokenizer();
+    std::vector<std::string> bytes(size_t(tok.n_vocab()));
+    std::vector<int32_t> eog;
+    for (int32_t id = 0; id < tok.n_vocab(); ++id) {
+      bytes[size_t(id)] = tok.token_to_piece(id);
+      if (tok.is_end_of_generation(id)) eog.push_back(id);
+    }
+    token_vocab_ = std::make_shared<const grammar::TokenVocab>(std::move(bytes), std::move(eog));
+  }
+  return token_vocab_;
+}
+
+std::optional<SampleResult> Engine::sample_next(Request& r, std::span<const float> logits) {
+  if (!r.matcher) return r.sampler.sample(logits, r.tokens);
+  std::shared_ptr<const grammar::TokenMask> mask;
+  try {
+    mask = r.matcher->allowed();
+  } catch (const Error& e) {
+    return finish(r, FinishReason::Error, e.what()), std::nullopt;
+  }
+  masked_logits_.assign(logits.begin(), logits.end());
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  size_t allowed = 0;
+  for (size_t w = 0; w < mask->bits.size(); ++w) {
+    const uint64_t bits = mask->bits[w];
+    allowed += size_t(std::popcount(bits));
+    for (size_t i = w * 64; i < std::min(logits.size(), w * 64 + 64); ++i)
+      if (!((bits >> (i - w * 64)) & 1)) masked_logits_[i] = neg_inf;
+  }
+  if (allowed == 0) return finish(r, FinishReason::Error, "the grammar allows no token here"), std::nullopt;
+  SampleResult s = r.sampler.sample(masked_logits_, r.tokens);
+  try {
+    if (r.matcher->accept(s.token)) return s;
+    return finish(r, FinishReason::Error, "the grammar refused the sampled token"), std::nullopt;
+  } catch (const Error& e) {
+    return finish(r, FinishReason::Error, e.what()), std::nullopt;
+  }
 }
 
 bool Engine::emit(Request& r, const SampleResult& sample) {
@@ -303,12 +355,15 @@ int64_t Engine::accept_tokens(Request& r, int64_t row) {
   bool alive = true;
   while (alive) {
     const std::span<const float> logits(logits_.data() + at * n_vocab, size_t(n_vocab));
-    const SampleResult sample = r.sampler.sample(logits, r.tokens);
+    const std::optional<SampleResult> sampled = sample_next(r, logits);
+    if (!sampled) return -1;
+    const SampleResult& sample = *sampled;
     const int32_t parent = path.empty() ? -1 : path.back();
     int32_t next = -1;  // the child of `parent` that the sample matches
     for (size_t i = size_t(parent + 1); i < draft.size() && next < 0; ++i)
       if (parents[i] == parent && draft[i] == sample.token) next = int32_t(i);
     alive = emit(r, sample);  // false: r is gone
+    if (alive && r.matcher && r.matcher->is_complete()) alive = false, finish(r, FinishReason::Stop);
     if (next < 0) break;
     path.push_back(next);
     at = row + 1 + next;
@@ -336,6 +391,20 @@ void Engine::move_kept_kv(const Request& r, int64_t n_known, std::span<const int
   }
 }
 
+void Engine::emit_prompt_logprobs(Request& r, const PromptRows& rows) {
+  const int64_t n_vocab = model_.config().n_vocab;
+  for (int64_t k = 0; k < rows.count; ++k) {
+    const int64_t p = rows.first + k;
+    const std::span<const float> logits(logits_.data() + (rows.row + k) * n_vocab, size_t(n_vocab));
+    SampleResult lp = logprobs_of(logits, r.tokens[size_t(p + 1)], r.params.prompt_logprobs);
+    r.prompt_logprobs_done = p + 2;
+    if (!r.on_token) continue;
+    TokenEvent ev{r.id, lp.token, lp.logprob, std::move(lp.top)};
+    ev.prompt = true;
+    r.on_token(ev);
+  }
+}
+
 bool Engine::step() {
   propose_drafts();
   const SchedulerOutput plan = scheduler_->schedule();
@@ -356,6 +425,7 @@ bool Engine::step() {
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
     r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
+    emit_prompt_logprobs(r, prompt_rows_[s]);
     const int64_t last_row = logit_row_[s] >= 0 ? accept_tokens(r, logit_row_[s]) : -2;
     if (last_row == -1) continue;  // finished
     // KV of rejected draft tokens is left in its slots, to be overwritten: not computed.

@@ -100,6 +100,14 @@ class Engine {
   int64_t arrivals_ = 0;
   EngineStats counters_;
   std::vector<float> logits_;
+  // Prompt rows of one scheduled sequence with logits for prompt log-probabilities: prompt
+  // positions first .. first + count - 1, at logits rows row ...
+  struct PromptRows {
+    int64_t first = 0, count = 0, row = 0;
+  };
+  std::vector<PromptRows> prompt_rows_;  // per scheduled sequence of the step
+  std::vector<float> masked_logits_;  // a constrained request's logits with refused tokens at -inf
+  std::shared_ptr<const grammar::TokenVocab> token_vocab_;  // built at the first constrained request
   std::vector<float> hidden_;  // final hidden states of the logits rows (when the proposer wants them)
   // Reused from step to step (no allocation in the steady state).
   Batch batch_;
@@ -133,6 +141,12 @@ class Engine {
   void move_kept_kv(const Request& r, int64_t n_known, std::span<const int32_t> path);
   // Appends and streams one sampled token; finishes `r` (and returns false) on a stop or a limit.
   bool emit(Request& r, const SampleResult& sample);
+  void emit_prompt_logprobs(Request& r, const PromptRows& rows);
+  // Samples r's next token from `logits`: under its grammar's mask when it has one (nullopt: the
+  // grammar allows no token, and r is finished with an error).
+  std::optional<SampleResult> sample_next(Request& r, std::span<const float> logits);
+  // The vocabulary as bytes for grammars (built once).
+  const std::shared_ptr<const grammar::TokenVocab>& token_vocab();
   void record_verification(size_t n_draft, size_t n_accepted);
   void finish(Request& r, FinishReason reason, const std::string& error = "");
   bool should_stop(const Request& r, int32_t token) const;

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "grammar/matcher.h"
 #include "kv/kv_manager.h"
 #include "sampling/sampler.h"
 
@@ -29,6 +31,13 @@ struct GenerationParams {
   // Speculative decoding for this request: -1 as the engine is configured, 0 off, N > 0 at most N
   // proposed tokens per step (never more than the engine's draft_max).
   int32_t draft_max = -1;
+  // Constrained decoding: every generated token keeps the output a prefix of a sentence of this
+  // grammar, and the request stops when the sentence is complete. Turns speculation off.
+  std::shared_ptr<grammar::CompiledGrammar> grammar;
+  // >= 0: report the log-probability of every prompt token after the first (and the top n) as prompt
+  // events, before the first generated token. The prompt is then computed, not taken from the prefix
+  // cache.
+  int32_t prompt_logprobs = -1;
 };
 
 // One generated token, or the end of the stream (finished = true; token may be -1).
@@ -43,6 +52,8 @@ struct TokenEvent {
   // Prompt tokens whose KV came from the prefix cache when the request was first scheduled (OpenAI's
   // usage.prompt_tokens_details.cached_tokens); on every event of a request that was scheduled.
   int64_t cached_tokens = 0;
+  // A prompt token's log-probability (GenerationParams::prompt_logprobs), not a generated token.
+  bool prompt = false;
 };
 
 using TokenCallback = std::function<void(const TokenEvent&)>;
@@ -72,8 +83,10 @@ struct Request {
   uint64_t batch_tables_serial = 0;
   std::vector<int64_t> batch_tables_live;
   Sampler sampler;
+  std::unique_ptr<grammar::GrammarMatcher> matcher;  // with params.grammar: the output's parse state
   int32_t n_preemptions = 0;
-  int64_t cached_prompt_tokens = -1;  // prefix-cache hit at the first scheduling (-1: not scheduled yet)
+  int64_t cached_prompt_tokens = -1;
+  int64_t prompt_logprobs_done = 1;  // prompt positions below this have had their prompt event  // prefix-cache hit at the first scheduling (-1: not scheduled yet)
   // Speculative decoding: tokens proposed to follow `tokens`, verified in this step's batch (the
   // scheduler may shorten or drop them), and the adaptive proposal length (0: not set yet).
   std::vector<int32_t> draft;
@@ -89,6 +102,7 @@ struct Request {
   int64_t num_tokens() const { return int64_t(tokens.size()); }
   int64_t num_output_tokens() const { return num_tokens() - n_prompt; }
   bool is_finished() const { return state == RequestState::Finished; }
+  bool wants_prompt_logits() const { return params.prompt_logprobs >= 0 && prompt_logprobs_done < n_prompt; }
   // Keeps the first n draft tokens (and their parents).
   void cut_draft(size_t n) {
     if (draft.size() > n) draft.resize(n);
