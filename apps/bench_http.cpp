@@ -2,6 +2,7 @@
 // runs every connection; each request is an `Exchange` (connect or reuse a keep-alive connection,
 // send, read the SSE stream chunk by chunk, time each chunk with text). A `LevelRun` drives one
 // concurrency (or request rate) of a sweep; `summarize` turns its outcomes into the reported figures.
+#include <atomic>
 #include "apps/bench_http.h"
 
 #include <fmt/core.h>
@@ -193,6 +194,17 @@ struct Call {
   bool stream = true, chat = false;
 };
 
+// --extra-body with %REQ% replaced by the next request number.
+json extra_body(const std::string& text) {
+  static std::atomic<int64_t> serial{0};
+  std::string t = text;
+  const std::string n = std::to_string(serial++);
+  for (size_t at = t.find("%REQ%"); at != std::string::npos; at = t.find("%REQ%", at + n.size())) t.replace(at, 5, n);
+  json j = json::parse(t, nullptr, false);
+  check(j.is_object(), "--extra-body must be a JSON object");
+  return j;
+}
+
 Call generation_call(const HttpBenchOptions& o, const Target& t, const std::string& model, const std::string& prompt,
                      int max_tokens) {
   json b = {{"model", model},  {"max_tokens", max_tokens}, {"temperature", 0},
@@ -200,6 +212,7 @@ Call generation_call(const HttpBenchOptions& o, const Target& t, const std::stri
   const bool chat = o.endpoint == "chat";
   if (chat) b["messages"] = json::array({json{{"role", "user"}, {"content", prompt}}});
   else b["prompt"] = prompt;
+  if (!o.extra_body.empty()) b.update(extra_body(o.extra_body));
   Call c;
   c.target = t.prefix + (chat ? "/v1/chat/completions" : "/v1/completions");
   c.body = b.dump(-1, ' ', false, json::error_handler_t::replace);

@@ -15,6 +15,9 @@ struct HttpBenchOptions {
   std::string endpoint = "completions";  // or "chat"
   std::string api_key;        // sent as "Authorization: Bearer KEY" when set
   std::string prompt_file;    // one prompt per line; "" : synthetic prompts
+  // JSON object merged into every request body (e.g. a response_format); "%REQ%" in it becomes a
+  // number unique to the request, so each request can carry a schema the server has not seen.
+  std::string extra_body;
   std::string json_path, plot_path;
   int requests = 48, output_len = 64, prompt_words = 60, shared_prefix_words = 0;
   std::vector<int> concurrency;      // closed loop: one run per value (a sweep)

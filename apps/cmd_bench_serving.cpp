@@ -201,6 +201,7 @@ void add_http_flags(CLI::App* cmd, BenchServingFlags& f) {
   add("--endpoint", h.endpoint, "completions (default: /v1/completions) or chat (/v1/chat/completions)");
   add("--prompt-words", h.prompt_words, "synthetic prompts of this many random common words (default 60)");
   add("--prompt-file", h.prompt_file, "prompts from this file, one a line (used in turn)");
+  add("--extra-body", h.extra_body, "JSON object merged into every request (e.g. a response_format); %REQ% in it becomes a number unique to each request");
   add("--shared-prefix-words", h.shared_prefix_words, "the same N random words start every prompt (default 0)");
   add("--slo-ttft-ms", h.slo_ttft_ms, "goodput: TTFT objective in ms (default: none)");
   add("--slo-tpot-ms", h.slo_tpot_ms, "goodput: TPOT objective in ms (default: none)");

@@ -1,4 +1,5 @@
 #include "server/api_request.h"
+#include "server/structured_output.h"
 
 #include <fmt/core.h>
 
@@ -144,9 +145,14 @@ void fill_in_the_middle(const json& b, const Tokenizer& tok, std::vector<int32_t
 
 void echo_from(const json& b, const Tokenizer& tok, GenJob& job) {
   if (!field<bool>(b, "echo").value_or(false)) return;
-  if (job.logprobs >= 0)
-    bad_request("'echo' together with 'logprobs' is not supported yet (log-probabilities of the prompt)", "echo");
   job.echo_text = prompt_text(b, job.prompt, tok);
+  if (job.logprobs < 0) return;
+  // The prompt's tokens get log-probabilities too; with a suffix they would be the fill-in-the-middle
+  // prompt's, not the echoed text's.
+  if (b.contains("suffix") && !b["suffix"].is_null())
+    bad_request("'echo' with 'logprobs' and 'suffix' is not supported (the prompt becomes a fill-in-the-middle one)",
+                "echo");
+  job.params.prompt_logprobs = job.logprobs;
 }
 
 void logit_bias_from(const json& b, SamplingParams& s) {
@@ -280,17 +286,6 @@ void boolean(const char* name, const json& v) {
   if (!v.is_boolean()) refuse(name, "must be a boolean");
 }
 
-void tool_choice(const char* name, const json& v) {
-  if (v != "none" && v != "auto")
-    refuse(name, "other than 'none' or 'auto' is not supported yet (tools are passed to the chat template)");
-}
-
-void response_format(const char* name, const json& v) {
-  if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) refuse(name, "must be an object with a 'type'");
-  if (v["type"] != "text")
-    refuse(name, fmt::format("type '{}' is not supported yet (only 'text')", v["type"].get<std::string>()));
-}
-
 void modalities(const char* name, const json& v) {
   if (v != json::array({"text"})) refuse(name, "must be [\"text\"]: this server generates text only");
 }
@@ -313,8 +308,8 @@ constexpr FieldRule kFields[] = {
     {"best_of", kCompletions, used},
     // OpenAI, chat completions
     {"messages", kChat, used}, {"max_completion_tokens", kBoth, used}, {"top_logprobs", kChat, used},
-    {"tools", kChat, used}, {"tool_choice", kChat, tool_choice}, {"parallel_tool_calls", kChat, boolean},
-    {"response_format", kChat, response_format}, {"metadata", kChat, metadata}, {"store", kChat, store},
+    {"tools", kChat, used}, {"tool_choice", kChat, used}, {"parallel_tool_calls", kChat, boolean},
+    {"response_format", kBoth, used}, {"metadata", kChat, metadata}, {"store", kChat, store},
     {"service_tier", kChat, service_tier}, {"modalities", kChat, modalities}, {"prompt_cache_key", kChat, short_string},
     {"safety_identifier", kChat, short_string}, {"audio", kChat, not_supported}, {"prediction", kChat, not_supported},
     {"reasoning_effort", kChat, not_supported}, {"verbosity", kChat, not_supported},
@@ -324,6 +319,10 @@ constexpr FieldRule kFields[] = {
     {"top_k", kBoth, used}, {"min_p", kBoth, used}, {"repetition_penalty", kBoth, used}, {"ignore_eos", kBoth, used},
     {"stop_token_ids", kBoth, used}, {"priority", kBoth, used}, {"speculative", kBoth, used},
     {"speculative.n_max", kBoth, used}, {"chat_template", kChat, used}, {"add_generation_prompt", kChat, used},
+    // Structured output (src/server/structured_output.cpp): vLLM's fields, then llama-server's
+    {"structured_outputs", kBoth, used}, {"guided_json", kBoth, used}, {"guided_regex", kBoth, used},
+    {"guided_choice", kBoth, used}, {"guided_grammar", kBoth, used}, {"guided_decoding_backend", kBoth, short_string},
+    {"guided_whitespace_pattern", kBoth, not_supported}, {"json_schema", kBoth, used}, {"grammar", kBoth, used},
 };
 
 void check_fields(const json& b, bool chat) {
@@ -371,9 +370,26 @@ void check_model_name(const json& body, const ApiContext& ctx) {
 // The messages as chat templates expect them: `content` a string. Null content (an assistant turn that
 // only called tools) becomes "", and a list of parts the text of its text parts joined by newlines, as
 // vLLM does for text-only models; other parts (images, audio) are refused.
+// An assistant turn's tool calls carry their arguments as JSON text (OpenAI's shape); templates
+// expect objects (Qwen2.5's renders them with tojson), as vLLM gives them.
+void arguments_as_objects(json& m) {
+  if (!m.contains("tool_calls") || !m["tool_calls"].is_array()) return;
+  for (auto& call : m["tool_calls"]) {
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+    json& args = call["function"]["arguments"];
+    if (!args.is_string()) continue;
+    try {
+      json parsed = json::parse(args.get<std::string>());
+      if (parsed.is_object()) args = std::move(parsed);
+    } catch (const json::exception&) {
+    }
+  }
+}
+
 json template_messages(const json& messages) {
   json out = messages;
   for (auto& m : out) {
+    arguments_as_objects(m);
     if (!m.contains("content") || m["content"].is_string()) continue;
     if (m["content"].is_null()) {
       m["content"] = "";
@@ -441,6 +457,23 @@ void speculative_from(const json& b, GenJob& job) {
   job.params.draft_max = !enabled ? 0 : n_max ? int32_t(*n_max) : -1;
 }
 
+// The output constraint and the tool plan: at most one grammar, from the structured-output fields or
+// from a tool_choice that forces a call.
+void constraint_from(const json& b, bool chat, const ApiContext& ctx, GenJob& job) {
+  std::optional<OutputConstraint> c = output_constraint(b);
+  if (chat) {
+    ToolPlan plan = tool_plan(b, ctx.tool_format);
+    job.parse_tool_calls = plan.parse_calls;
+    job.tool_format = ctx.tool_format;
+    job.tools = std::move(plan.tools);
+    if (plan.forced && c)
+      bad_request(fmt::format("'tool_choice' forces a tool call, which '{}' would constrain too; send one", c->field),
+                  "tool_choice");
+    if (plan.forced) c = std::move(plan.forced);
+  }
+  if (c) job.params.grammar = compile_grammar(c->gbnf, c->field);
+}
+
 GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx) {
   const Tokenizer& tok = *ctx.tokenizer;
   check_fields(b, chat);
@@ -472,6 +505,7 @@ GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx)
   if (priority < INT32_MIN || priority > INT32_MAX) bad_request("'priority' is out of range", "priority");
   job.params.priority = int32_t(priority);
   speculative_from(b, job);
+  constraint_from(b, chat, ctx, job);
   return job;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "server/tool_calls.h"
 
 namespace serval {
 
@@ -42,6 +43,7 @@ struct ApiContext {
   std::string chat_template_error;                 // why the model's template could not be used
   bool trust_request_chat_template = false;        // accept `chat_template` in a request body
   std::string model_name;
+  ToolFormat tool_format = ToolFormat::Hermes;  // how the model writes tool calls (from its template)
 };
 
 // Everything one completion / chat request asks for, validated.
@@ -54,6 +56,10 @@ struct GenJob {
   bool stream = false, include_usage = false;
   int logprobs = -1;  // -1: none; chat: top_logprobs count with logprobs=true
   std::string echo_text;  // completions with `echo`: the prompt, put before each choice's text
+  // Chat with `tools` (tool_choice other than "none"): the output is parsed for calls in this format.
+  bool parse_tool_calls = false;
+  ToolFormat tool_format = ToolFormat::Hermes;
+  json tools = json::array();
 };
 
 // A request body: must be a JSON object.

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cctype>
 #include <boost/asio/post.hpp>
 #include <random>
 
@@ -120,6 +121,12 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
   const auto now = SteadyClock::now();
   delta.clear();
   c.cached_tokens = std::max(c.cached_tokens, ev.cached_tokens);
+  if (ev.prompt) {  // a prompt token's log-probability: reported with the echoed prompt
+    c.prompt_ids.push_back(ev.token);
+    c.prompt_lps.push_back(ev.logprob);
+    c.prompt_tops.push_back(ev.top);
+    return false;
+  }
   if (!ev.finished) {
     if (c.tokens == 0) {
       c.t_first = now;
@@ -144,6 +151,10 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
     c.done = true;
   }
   c.full_text += delta;
+  if (c.done && job_.parse_tool_calls) {
+    c.parsed = parse_tool_calls(c.full_text, job_.tool_format, job_.tools);
+    if (!c.parsed.calls.empty() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+  }
   if (c.done) {
     const double e2e = std::chrono::duration<double>(now - c.t_start).count();
     const double tpot = c.tokens > 1 ? std::chrono::duration<double>(c.t_last - c.t_first).count() / double(c.tokens - 1) : 0;
@@ -155,24 +166,66 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
 void CompletionRun::send_sse(const json& payload) { ex_->write_chunk("data: " + dump(payload) + "\n\n"); }
 
 void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta, size_t index) {
+  if (job_.parse_tool_calls) return stream_tool_event(index);
   Choice& c = choices_[index];
   const bool first = job_.chat && !c.started;
   const std::string shown = c.started ? delta : job_.echo_text + delta;  // echo: the prompt comes first
   c.started = true;
   json lp = nullptr;
   if (job_.logprobs >= 0 && !ev.finished) {
-    const auto& tok = ctx_.model->tokenizer();
     if (job_.chat) {
       lp = json{{"content", json::array({token_logprob_json(ev.token, ev.logprob, ev.top)})}};
     } else {
-      json top = json::object();
-      for (const auto& t : ev.top) top[tok.token_to_piece(t.id, true)] = t.logprob;
-      lp = json{{"tokens", {tok.token_to_piece(ev.token, true)}}, {"token_logprobs", {ev.logprob}},
-                {"top_logprobs", json::array({top})}, {"text_offset", {c.full_text.size() - delta.size()}}};
+      const bool with_prompt = job_.params.prompt_logprobs >= 0 && shown.size() > delta.size();
+      const size_t before = job_.params.prompt_logprobs >= 0 ? job_.echo_text.size() : 0;  // echoed text
+      lp = completions_lp(c, with_prompt, c.token_ids.size() - 1, c.token_ids.size(),
+                          with_prompt ? 0 : before + c.full_text.size() - delta.size());
     }
   }
   if (!shown.empty() || first || lp != nullptr) send_sse(chunk_json(index, shown, nullptr, lp, first));
   if (c.done) send_sse(chunk_json(index, "", &c, nullptr, false));
+}
+
+// Streaming with tools: content up to a possible call as it comes; at the end the calls (as
+// delta.tool_calls, all fragments of a call in one chunk) or the held-back text.
+void CompletionRun::stream_tool_event(size_t index) {
+  Choice& c = choices_[index];
+  const bool first = !c.started;
+  c.started = true;
+  const bool calls = c.done && !c.parsed.calls.empty();
+  const size_t hold = std::min(c.full_text.size(), tool_call_start(c.full_text, job_.tool_format));
+  const size_t until = calls ? c.streamed : c.done ? c.full_text.size() : std::max(c.streamed, hold);
+  std::string shown = c.full_text.substr(c.streamed, until - c.streamed);
+  c.streamed = until;
+  if (calls) shown = content_after_calls(c);
+  if (!shown.empty() || first) send_sse(chunk_json(index, shown, nullptr, nullptr, first));
+  if (calls) {
+    json chunk = chunk_json(index, "", nullptr, nullptr, false);
+    chunk["choices"][0]["delta"] = json{{"tool_calls", tool_calls_json(c, true)}};
+    send_sse(chunk);
+  }
+  if (c.done) send_sse(chunk_json(index, "", &c, nullptr, false));
+}
+
+// The content a finished choice with calls has beyond what was streamed: the parsed content starts
+// with the streamed text (trimmed).
+std::string CompletionRun::content_after_calls(const Choice& c) const {
+  std::string_view sent(c.full_text.data(), c.streamed);
+  while (!sent.empty() && std::isspace(uint8_t(sent.front()))) sent.remove_prefix(1);
+  while (!sent.empty() && std::isspace(uint8_t(sent.back()))) sent.remove_suffix(1);
+  const std::string& all = c.parsed.content;
+  return all.size() > sent.size() && all.compare(0, sent.size(), sent) == 0 ? all.substr(sent.size()) : "";
+}
+
+json CompletionRun::tool_calls_json(const Choice& c, bool delta) const {
+  json out = json::array();
+  for (size_t k = 0; k < c.parsed.calls.size(); ++k) {
+    const ToolCall& call = c.parsed.calls[k];
+    json j = delta ? json{{"index", k}} : json::object();
+    j.update(json{{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+    out.push_back(j);
+  }
+  return out;
 }
 
 void CompletionRun::abort_all() {
@@ -254,26 +307,37 @@ json CompletionRun::chunk_json(size_t index, const std::string& delta, const Cho
 }
 
 json CompletionRun::completion_logprobs(const Choice& c) const {
-  const auto& tok = ctx_.model->tokenizer();
   if (job_.chat) {
     json lp{{"content", json::array()}};
     for (size_t k = 0; k < c.token_ids.size(); ++k)
       lp["content"].push_back(token_logprob_json(c.token_ids[k], c.token_logprobs[k], c.tops[k]));
     return lp;
   }
+  return completions_lp(c, job_.params.prompt_logprobs >= 0, 0, c.token_ids.size(), 0);
+}
+
+json CompletionRun::completions_lp(const Choice& c, bool with_prompt, size_t from, size_t to, size_t offset) const {
+  const auto& tok = ctx_.model->tokenizer();
   json lp{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
           {"text_offset", json::array()}};
-  size_t offset = 0;
-  for (size_t k = 0; k < c.token_ids.size(); ++k) {
-    const std::string piece = tok.token_to_piece(c.token_ids[k], true);
+  auto add = [&](int32_t id, json value, json top) {
+    const std::string piece = tok.token_to_piece(id, true);
     lp["tokens"].push_back(piece);
-    lp["token_logprobs"].push_back(c.token_logprobs[k]);
-    json top = json::object();
-    for (const auto& t : c.tops[k]) top[tok.token_to_piece(t.id, true)] = t.logprob;
-    lp["top_logprobs"].push_back(top);
+    lp["token_logprobs"].push_back(std::move(value));
+    lp["top_logprobs"].push_back(std::move(top));
     lp["text_offset"].push_back(offset);
     offset += piece.size();
+  };
+  auto tops = [&](const std::vector<TokenLogprob>& t) {
+    json top = json::object();
+    for (const auto& e : t) top[tok.token_to_piece(e.id, true)] = e.logprob;
+    return top;
+  };
+  if (with_prompt) {
+    if (!job_.prompt.empty()) add(job_.prompt[0], nullptr, nullptr);  // nothing comes before the first token
+    for (size_t k = 0; k < c.prompt_ids.size(); ++k) add(c.prompt_ids[k], c.prompt_lps[k], tops(c.prompt_tops[k]));
   }
+  for (size_t k = from; k < to; ++k) add(c.token_ids[k], c.token_logprobs[k], tops(c.tops[k]));
   return lp;
 }
 
@@ -283,7 +347,11 @@ json CompletionRun::final_json() const {
     const Choice& c = choices_[i];
     json choice{{"index", i}, {"logprobs", job_.logprobs >= 0 ? completion_logprobs(c) : json(nullptr)},
                 {"finish_reason", c.finish_reason}};
-    if (job_.chat) choice["message"] = json{{"role", "assistant"}, {"content", c.full_text}};
+    if (job_.chat && !c.parsed.calls.empty())
+      choice["message"] = json{{"role", "assistant"},
+                               {"content", c.parsed.content.empty() ? json(nullptr) : json(c.parsed.content)},
+                               {"tool_calls", tool_calls_json(c, false)}};
+    else if (job_.chat) choice["message"] = json{{"role", "assistant"}, {"content", c.full_text}};
     else choice["text"] = job_.echo_text + c.full_text;
     out.push_back(choice);
   }

@@ -18,6 +18,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/text_stream.h"
+#include "server/tool_calls.h"
 
 namespace serval {
 
@@ -46,8 +47,15 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
     std::vector<int32_t> token_ids;
     std::vector<float> token_logprobs;
     std::vector<std::vector<TokenLogprob>> tops;
+    // echo with logprobs: the prompt tokens' log-probabilities (from the second token on)
+    std::vector<int32_t> prompt_ids;
+    std::vector<float> prompt_lps;
+    std::vector<std::vector<TokenLogprob>> prompt_tops;
     std::string finish_reason;
     bool done = false, started = false;
+    // With tools: the bytes of full_text streamed as content so far, and the calls found at the end.
+    size_t streamed = 0;
+    ParsedToolOutput parsed;
     SteadyClock::time_point t_start, t_first, t_last;
   };
 
@@ -75,6 +83,9 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   void on_event(const TokenEvent& ev);
   bool apply_event(const TokenEvent& ev, std::string& delta, size_t& index);
   void stream_event(const TokenEvent& ev, const std::string& delta, size_t index);
+  void stream_tool_event(size_t index);
+  std::string content_after_calls(const Choice& c) const;
+  json tool_calls_json(const Choice& c, bool delta) const;
   void client_gone();
   void abort_all();
   void complete();
@@ -86,6 +97,9 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   json usage_json() const;
   json token_logprob_json(int32_t token, float lp, const std::vector<TokenLogprob>& top) const;
   json completion_logprobs(const Choice& c) const;
+  // Completions' logprobs arrays (tokens, token_logprobs, top_logprobs, text_offset) for the echoed
+  // prompt (its first token has none: null) and then tokens [from, to) of the choice.
+  json completions_lp(const Choice& c, bool with_prompt, size_t from, size_t to, size_t offset) const;
 };
 
 }  // namespace serval

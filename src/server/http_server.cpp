@@ -323,6 +323,7 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
   api.trust_request_chat_template = config_.trust_request_chat_template;
   loop.run_on_engine([&](Engine& e) { api.max_model_len = e.max_model_len(); });
   const std::string source = config_.chat_template.empty() ? model.tokenizer().vocab().chat_template : config_.chat_template;
+  api.tool_format = tool_format_for_template(source);
   if (!source.empty()) {
     try {
       impl_->chat_template = std::make_unique<jinja::Template>(source);

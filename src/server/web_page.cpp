@@ -27,6 +27,10 @@ const std::string& web_page_html() {
  .legend i{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px}
  svg{width:100%;height:90px;background:#fbfaf7;border:1px solid #eee}
  table{font-size:12px;border-collapse:collapse;width:100%} td,th{border-bottom:1px solid #eee;padding:2px 4px;text-align:left}
+ .msg.json span{display:inline-block;vertical-align:top;font-family:ui-monospace,monospace;font-size:12px}
+ .tool{margin:4px 0 0 76px;padding:3px 8px;border:1px solid #d8c48f;border-radius:6px;background:#fbf5e3;
+  font-family:ui-monospace,monospace;font-size:12px;white-space:pre-wrap;word-break:break-all}
+ details{margin-top:6px;font-size:13px} #tools{width:100%;box-sizing:border-box;height:90px;font-family:ui-monospace,monospace;font-size:12px}
 </style></head>
 <body>
 <header><h1>Serval</h1><span id="model">loading…</span><span id="health"></span>
@@ -36,7 +40,11 @@ const std::string& web_page_html() {
  <div id="log"></div>
  <textarea id="prompt" placeholder="Ask something…"></textarea>
  <div><button id="send">Send</button> <label>max tokens <input id="max" type="number" value="128" style="width:60px"></label>
- <label>temperature <input id="temp" type="number" value="0.7" step="0.1" style="width:50px"></label> <span id="speed"></span></div>
+ <label>temperature <input id="temp" type="number" value="0.7" step="0.1" style="width:50px"></label>
+ <label title="response_format: json_object"><input id="json" type="checkbox"> JSON mode</label> <span id="speed"></span></div>
+ <details id="tools-box"><summary>tools (optional)</summary>
+  <textarea id="tools" placeholder='[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]'></textarea>
+ </details>
 </section>
 <section><h2>Engine</h2>
  <div class="stats">
@@ -68,28 +76,74 @@ function addMsg(role, text) {
   d.innerHTML = '<b>' + role + '</b>'; const s = document.createElement('span'); s.textContent = text; d.appendChild(s);
   $('log').appendChild(d); $('log').scrollTop = 1e9; return s;
 }
+// Tool calls as they stream: OpenAI's delta.tool_calls fragments, concatenated per index.
+function mergeToolCalls(calls, fragments) {
+  for (const f of fragments) {
+    const i = f.index ?? calls.length;
+    const c = calls[i] || (calls[i] = {id: '', type: 'function', function: {name: '', arguments: ''}});
+    if (f.id) c.id = f.id;
+    if (f.type) c.type = f.type;
+    if (f.function && f.function.name) c.function.name += f.function.name;
+    if (f.function && f.function.arguments) c.function.arguments += f.function.arguments;
+  }
+}
+function showToolCalls(msg, calls) {
+  msg.querySelectorAll('.tool').forEach(e => e.remove());
+  for (const c of calls.filter(Boolean)) {
+    const d = document.createElement('div'); d.className = 'tool';
+    d.textContent = '\u{1F527} ' + c.function.name + '(' + c.function.arguments + ')';
+    msg.appendChild(d);
+  }
+}
 async function send() {
   const text = $('prompt').value.trim(); if (!text) return;
+  let tools = null;
+  if ($('tools').value.trim()) {
+    try { tools = JSON.parse($('tools').value); } catch (e) { addMsg('error', 'tools: ' + e.message); return; }
+  }
   $('prompt').value = ''; addMsg('user', text); history.push({role: 'user', content: text});
-  const out = addMsg('assistant', ''); out.parentNode.id = 'last-reply';
-  const t0 = performance.now(); let n = 0, first = 0;
-  const res = await fetch('/v1/chat/completions', {method: 'POST', headers: headers(), body: JSON.stringify({
-    messages: history, stream: true, max_tokens: +$('max').value, temperature: +$('temp').value})});
-  if (!res.ok) { out.textContent = 'error: ' + (await res.text()); return; }
-  const reader = res.body.getReader(); const dec = new TextDecoder(); let buf = '';
-  for (;;) {
-    const {value, done} = await reader.read(); if (done) break;
-    buf += dec.decode(value, {stream: true});
-    let i; while ((i = buf.indexOf('\n\n')) >= 0) {
-      const line = buf.slice(0, i); buf = buf.slice(i + 2);
-      if (!line.startsWith('data: ')) continue; const data = line.slice(6);
-      if (data === '[DONE]') continue;
-      const j = JSON.parse(data); const c = j.choices && j.choices[0];
-      if (c && c.delta && c.delta.content) { if (!n++) first = performance.now() - t0; out.textContent += c.delta.content; $('log').scrollTop = 1e9; }
-      if (c && c.finish_reason) out.parentNode.dataset.finish = c.finish_reason;
+  const prev = $('last-reply'); if (prev) prev.removeAttribute('id');
+  const out = addMsg('assistant', ''); const msg = out.parentNode; msg.id = 'last-reply';
+  const jsonMode = $('json').checked;
+  const body = {messages: history, stream: true, max_tokens: +$('max').value, temperature: +$('temp').value};
+  if (jsonMode) body.response_format = {type: 'json_object'};
+  if (tools) body.tools = tools;
+  const t0 = performance.now(); let n = 0, first = 0; const calls = [];
+  const res = await fetch('/v1/chat/completions', {method: 'POST', headers: headers(), body: JSON.stringify(body)});
+  if (!res.ok) { out.textContent = 'error: ' + (await res.text()); msg.dataset.done = 'error'; return; }
+  const onChoice = c => {
+    if (!c) return;
+    if (c.delta && c.delta.content) { if (!n++) first = performance.now() - t0; out.textContent += c.delta.content; $('log').scrollTop = 1e9; }
+    if (c.delta && c.delta.tool_calls) { if (!n++) first = performance.now() - t0; mergeToolCalls(calls, c.delta.tool_calls); showToolCalls(msg, calls); }
+    if (c.message) {  // a whole message (a server that did not stream)
+      if (c.message.content) out.textContent += c.message.content;
+      if (c.message.tool_calls) { calls.length = 0; calls.push(...c.message.tool_calls); showToolCalls(msg, calls); }
+    }
+    if (c.finish_reason) msg.dataset.finish = c.finish_reason;
+  };
+  if (!(res.headers.get('content-type') || '').includes('text/event-stream')) {
+    const j = await res.json(); onChoice(j.choices && j.choices[0]);
+  } else {
+    const reader = res.body.getReader(); const dec = new TextDecoder(); let buf = '';
+    for (;;) {
+      const {value, done} = await reader.read(); if (done) break;
+      buf += dec.decode(value, {stream: true});
+      let i; while ((i = buf.indexOf('\n\n')) >= 0) {
+        const line = buf.slice(0, i); buf = buf.slice(i + 2);
+        if (!line.startsWith('data: ')) continue; const data = line.slice(6);
+        if (data === '[DONE]') continue;
+        const j = JSON.parse(data); onChoice(j.choices && j.choices[0]);
+      }
     }
   }
-  history.push({role: 'assistant', content: out.textContent});
+  const reply = {role: 'assistant', content: out.textContent};
+  if (calls.length) reply.tool_calls = calls.filter(Boolean);
+  history.push(reply);
+  if (jsonMode) {  // shown pretty-printed once complete, if it parses
+    try { out.textContent = JSON.stringify(JSON.parse(out.textContent), null, 2); msg.classList.add('json'); msg.dataset.json = 'ok'; }
+    catch (e) { msg.dataset.json = 'invalid'; }
+  }
+  msg.dataset.done = '1';
   const secs = (performance.now() - t0) / 1000;
   $('speed').textContent = `TTFT ${first.toFixed(0)} ms · ${n} tokens · ${(n / secs).toFixed(1)} tok/s`;
 }

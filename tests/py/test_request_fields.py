@@ -31,8 +31,35 @@ def test_echo_puts_the_prompt_before_the_completion(client):
     assert streamed == echo.choices[0].text
     ids = client.completions.create(model=MODEL, prompt=[750, 912], max_tokens=4, temperature=0, echo=True)
     assert ids.choices[0].text.startswith("def add"), "token ids echo as their text"
-    refused(lambda: client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, echo=True, logprobs=2),
-            "echo", "'echo' together with 'logprobs' is not supported yet")
+    refused(lambda: client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, echo=True, logprobs=2,
+                                              suffix="x"), "echo", "'echo' with 'logprobs' and 'suffix'")
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, server):
+    """Each prompt token's log-probability equals the one reported when that token is generated after the
+    same prefix (forced with logit_bias; the reported log-probability is the unbiased one)."""
+    prompt = "def add(a, b):\n    return a + b"
+    ids = server.post("/tokenize", {"prompt": prompt})[1]["tokens"]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == len(ids) + 3 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert "".join(lp.tokens[:len(ids)]) == prompt
+    assert lp.text_offset[:3] == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
+    for k in range(1, len(ids)):
+        forced = client.completions.create(model=MODEL, prompt=ids[:k], max_tokens=1, temperature=0, logprobs=0,
+                                           logit_bias={str(ids[k]): 100})
+        assert forced.choices[0].logprobs.tokens[0] == lp.tokens[k]
+        assert forced.choices[0].logprobs.token_logprobs[0] == pytest.approx(lp.token_logprobs[k], abs=2e-3), k
+        assert 1 <= len(lp.top_logprobs[k]) <= 2
+    streamed = [c.choices[0] for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2, stream=True) if c.choices]
+    tokens = [t for c in streamed if c.logprobs for t in c.logprobs.tokens]
+    values = [v for c in streamed if c.logprobs for v in c.logprobs.token_logprobs]
+    assert tokens == lp.tokens and values[0] is None and values[1:] == pytest.approx(lp.token_logprobs[1:])
+    # Prompt log-probabilities are computed, never taken from the prefix cache: asking twice gives them again.
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    assert again.choices[0].logprobs.token_logprobs == lp.token_logprobs
 
 
 def test_suffix_fills_in_the_middle(client, server):
@@ -95,9 +122,9 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 @pytest.mark.parametrize("extra, param, message", [
     ({"store": True}, "store", "this server stores no completions"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "type 'json_object' is not supported yet"),
-    ({"response_format": "json"}, "response_format", "must be an object with a 'type'"),
-    ({"tool_choice": "required"}, "tool_choice", "not supported yet"),
+    ({"response_format": {"type": "xml"}}, "response_format", "type 'xml' is not supported"),
+    ({"response_format": "json"}, "response_format", "must be an object with a string 'type'"),
+    ({"tool_choice": "required"}, "tool_choice", "needs a non-empty 'tools'"),
     ({"service_tier": "flex"}, "service_tier", "'auto' or 'default'"),
     ({"modalities": ["text", "audio"]}, "modalities", "text only"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "is not supported by this server"),
