@@ -170,7 +170,7 @@ class Parser {
     const int32_t id = id_of(name);
     if (defined_[size_t(id)]) error(fmt::format("rule '{}' is defined twice", name));
     defined_[size_t(id)] = true;
-    skip_space(false);
+    skip_space(true);  // the alternatives may start on the next line (as in llama.cpp's grammars)
     auto alternatives = parse_alternatives(id, false);
     rules_[size_t(id)].alternatives = std::move(alternatives);
     if (!eof() && peek() != '\n') error(fmt::format("unexpected '{}'", peek()));

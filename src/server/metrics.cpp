@@ -89,7 +89,7 @@ std::string Metrics::render(const EngineStats& e, const std::string& model) cons
     out += fmt::format("serval:spec_decode_num_accepted_tokens_per_pos_total{{model_name=\"{}\",position=\"{}\"}} {}\n",
                        model, i, e.spec.accepted_per_pos[i]);
   out += "# HELP serval:request_success_total Finished requests by finish reason.\n# TYPE serval:request_success_total counter\n";
-  for (const char* reason : {"stop", "length", "abort", "error"}) {
+  for (const char* reason : {"stop", "length", "tool_calls", "abort", "error"}) {
     auto it = finished_.find(reason);
     out += fmt::format("serval:request_success_total{{model_name=\"{}\",finished_reason=\"{}\"}} {}\n", model, reason,
                        it == finished_.end() ? 0 : it->second);

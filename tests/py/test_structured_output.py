@@ -22,6 +22,7 @@ def prompts_for(name, schema):
         [{"role": "system", "content": "You reply with JSON only."},
          {"role": "user", "content": f"Give one example value valid under this JSON schema:\n{json.dumps(schema)}"}],
         [{"role": "user", "content": f"Invent realistic sample data called '{name}'. Keep it short."}],
+        [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello! Who are you?"}],
     ]
 
 

@@ -7,6 +7,9 @@
 
 #include "grammar/gbnf.h"
 #include "grammar/matcher.h"
+#include "test_support.h"
+
+#include <nlohmann/json.hpp>
 
 using namespace serval;
 using namespace serval::grammar;
@@ -184,4 +187,20 @@ TEST(GrammarMask, MatcherAcceptsOnlyAllowedTokensAndCachesMasks) {
   EXPECT_TRUE(m.accept(0));
   GrammarMatcher other(g, vp);  // a second sequence on the same grammar starts over
   EXPECT_EQ(other.allowed(), first);
+}
+
+// llama.cpp's grammar engine (llama-gbnf-validator, run outside the repository) on grammars and
+// inputs of ours: the same language, so users' grammars mean the same here (tests/data/README.md).
+TEST(GrammarParse, AgreesWithLlamaCppOnRecordedVerdicts) {
+  const auto doc = nlohmann::json::parse(test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/gbnf_llama_cpp.json"));
+  size_t n = 0;
+  for (const auto& g : doc["grammars"]) {
+    const Grammar grammar = parse_gbnf(g["grammar"].get<std::string>());
+    for (const auto& c : g["cases"]) {
+      const std::string text = c[0].get<std::string>();
+      EXPECT_EQ(matches(grammar, text), c[1].get<bool>()) << g["name"] << ": '" << text << "'";
+      ++n;
+    }
+  }
+  EXPECT_GT(n, 400u);
 }
