@@ -105,6 +105,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--api-threads", s.api_threads, "threads that parse and submit requests (default 4)")
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--reuse-port", s.reuse_port, "bind with SO_REUSEPORT so several servers share the port");
+  cmd->add_option("--metrics-names", s.metrics_names, "metric names in /metrics: serval (default) or vllm (also vLLM's vllm:... names, for routers)")
+      ->check(CLI::IsMember({"serval", "vllm"}));
   cmd->callback([o] { run_serve(*o); });
 }
 

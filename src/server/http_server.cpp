@@ -199,7 +199,9 @@ void HttpServer::Impl::get_openapi(http::Request&, Exchange ex) {
 
 void HttpServer::Impl::get_metrics(http::Request&, Exchange ex) {
   const EngineStats s = model.load() ? loop->stats_snapshot() : EngineStats{};
-  reply(ex, http::Response{200, "text/plain; version=0.0.4", metrics.render(s, model_name), {}});
+  std::string text = metrics.render(s, model_name);
+  if (cfg.metrics_names == "vllm") text += vllm_aliases(text);
+  reply(ex, http::Response{200, "text/plain; version=0.0.4", text, {}});
 }
 
 void HttpServer::Impl::get_models(http::Request&, Exchange ex) {

@@ -34,6 +34,9 @@ struct ServerConfig {
   double header_timeout_s = 10;        // slow headers (slowloris) are cut off after this
   double body_timeout_s = 60;          // slow bodies likewise
   std::string ssl_certfile, ssl_keyfile;  // both set: serve HTTPS
+  // Metric names in /metrics: "serval" (serval:...) or "vllm" (the same metrics also under vLLM's
+  // vllm:... names, for routers and gateways that read those).
+  std::string metrics_names = "serval";
 };
 
 class HttpServer {

@@ -62,6 +62,23 @@ std::string Metrics::recent_json() const {
   return j.dump();
 }
 
+std::string vllm_aliases(const std::string& exposition) {
+  std::string out;
+  for (size_t at = 0, next; at < exposition.size(); at = next) {
+    next = exposition.find('\n', at);
+    next = next == std::string::npos ? exposition.size() : next + 1;
+    std::string line = exposition.substr(at, next - at);
+    for (size_t p = line.find("serval:"); p != std::string::npos; p = line.find("serval:", p)) line.replace(p, 7, "vllm:");
+    out += line;
+    if (line.find("vllm:kv_cache_usage_perc") != std::string::npos) {
+      for (size_t p = line.find("kv_cache_usage_perc"); p != std::string::npos; p = line.find("kv_cache_usage_perc", p))
+        line.replace(p, 19, "gpu_cache_usage_perc");
+      out += line;
+    }
+  }
+  return out;
+}
+
 std::string Metrics::render(const EngineStats& e, const std::string& model) const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string label = fmt::format("{{model_name=\"{}\"}}", model);

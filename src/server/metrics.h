@@ -23,6 +23,11 @@ class Histogram {
   double sum_ = 0;
 };
 
+// The same exposition under vLLM's names: every serval:NAME as vllm:NAME, and the KV usage also as
+// vllm:gpu_cache_usage_perc (its name before vLLM 0.10), which the Gateway API Inference Extension's
+// model-server protocol reads from older servers.
+std::string vllm_aliases(const std::string& exposition);
+
 class Metrics {
  public:
   Metrics();
