@@ -13,6 +13,9 @@ constexpr size_t kMaxText = size_t(1) << 20;
 constexpr int kMaxRepeat = 10000;
 constexpr size_t kMaxRules = 100000;
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr int kMaxNesting = 256;
+
+bool is_surrogate(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
 
 using Range = std::pair<uint32_t, uint32_t>;
 
@@ -108,6 +111,7 @@ class Parser {
   std::unordered_map<std::string, int32_t> ids_;
   std::map<std::vector<Range>, int32_t> class_rules_;  // character classes made into rules, reused
   std::unordered_map<int32_t, int> helper_count_;
+  int depth_ = 0;  // parentheses open
 
   bool eof() const { return pos_ >= text_.size(); }
   char peek() const { return eof() ? '\0' : text_[pos_]; }
@@ -145,7 +149,7 @@ class Parser {
   int32_t id_of(const std::string& name) {
     const auto [it, added] = ids_.try_emplace(name, int32_t(rules_.size()));
     if (added) {
-      check(rules_.size() < kMaxRules, "grammar: more than {} rules", kMaxRules);
+      check(rules_.size() < kMaxRules, "grammar: more than {} rules (each optional repeat of x{{m,n}} is one)", kMaxRules);
       rules_.push_back(Rule{name, {}});
       defined_.push_back(false);
     }
@@ -207,13 +211,14 @@ class Parser {
     if (c == '[') return add_class(rule, parse_class(), seq);
     if (c == '.') return ++pos_, add_class(rule, {{0, kMaxCodePoint}}, seq);
     if (c == '(') {
+      if (++depth_ > kMaxNesting) error(fmt::format("parentheses nested deeper than {}", kMaxNesting));
       ++pos_;
       skip_space(true);
       const int32_t sub = new_helper(rule);
       auto alts = parse_alternatives(rule, true);
       rules_[size_t(sub)].alternatives = std::move(alts);
       if (peek() != ')') error("expected ')'");
-      ++pos_;
+      ++pos_, --depth_;
       seq.push_back(rule_element(sub));
       return;
     }
@@ -262,6 +267,8 @@ class Parser {
       if ((b & 0xC0) != 0x80) error("invalid UTF-8");
       cp = (cp << 6) | (b & 0x3F);
     }
+    static constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinOfLength[len] || cp > kMaxCodePoint || is_surrogate(cp)) error("invalid UTF-8");
     pos_ += size_t(len);
     return cp;
   }
@@ -271,7 +278,9 @@ class Parser {
     while (peek() != '"') {
       if (eof() || peek() == '\n') error("unterminated string literal");
       std::string bytes;
-      encode_utf8(parse_char(), bytes);
+      const uint32_t cp = parse_char();
+      if (is_surrogate(cp)) error("a surrogate (U+D800..U+DFFF) is not a character");
+      encode_utf8(cp, bytes);
       for (char b : bytes) {
         ByteSet s;
         s.add(uint8_t(b));
@@ -314,18 +323,21 @@ class Parser {
     }
     auto [it, added] = class_rules_.try_emplace(ranges, -1);
     if (added) {
+      std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
+      for (const Range& r : ranges)
+        for (auto& q : utf8_sequences(r.first, r.second)) seqs.push_back(std::move(q));
+      if (seqs.empty()) error("character class of surrogates only: it matches no character");
       it->second = new_helper(rule);
       std::vector<Sequence> alts;
-      for (const Range& r : ranges)
-        for (const auto& byte_seq : utf8_sequences(r.first, r.second)) {
-          Sequence s;
-          for (auto [lo, hi] : byte_seq) {
-            ByteSet b;
-            b.add_range(lo, hi);
-            s.push_back(byte_element(b));
-          }
-          alts.push_back(std::move(s));
+      for (const auto& byte_seq : seqs) {
+        Sequence s;
+        for (auto [lo, hi] : byte_seq) {
+          ByteSet b;
+          b.add_range(lo, hi);
+          s.push_back(byte_element(b));
         }
+        alts.push_back(std::move(s));
+      }
       rules_[size_t(it->second)].alternatives = std::move(alts);
     }
     seq.push_back(rule_element(it->second));
@@ -435,7 +447,9 @@ class Parser {
     std::function<void(int32_t)> visit = [&](int32_t r) {
       mark[size_t(r)] = 1;
       for (int32_t t : left[size_t(r)]) {
-        if (mark[size_t(t)] == 1) fail("grammar: rule '{}' is left-recursive", g.rules[size_t(t)].name);
+        if (mark[size_t(t)] == 1)
+          fail("grammar: rule '{}' is left-recursive: it can reach itself without reading a character (as a "
+               "repetition of something that can be empty does: (\"a\"?)*)", g.rules[size_t(t)].name);
         if (mark[size_t(t)] == 0) visit(t);
       }
       mark[size_t(r)] = 2;

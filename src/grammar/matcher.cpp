@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <numeric>
+#include <unordered_set>
 
 #include "base/error.h"
 
@@ -15,6 +16,7 @@ constexpr size_t kMaxNodes = 8u << 20;   // stack nodes per grammar
 constexpr size_t kMaxStates = 1u << 20;  // parse states per grammar
 constexpr size_t kMaxStacks = 4096;      // stacks in one state (an ambiguous grammar's blow-up)
 constexpr size_t kMaxCachedMasks = 512;  // token masks kept per grammar (then the cache restarts)
+constexpr size_t kMaxExpansions = 200000;  // (position, parent) pairs expanded in one step
 constexpr int32_t kUnknown = -2;
 
 // The grammar flattened: each alternative's elements, then an end marker (kind End).
@@ -47,8 +49,10 @@ struct CompiledGrammar::Impl {
   std::vector<int32_t> trans;  // 256 entries per state (kUnknown until first taken), one flat table
   std::unordered_multimap<uint64_t, StateId> state_ids;
   std::unordered_map<StateId, std::shared_ptr<const TokenMask>> masks;
-  std::vector<int32_t> scratch;
-  size_t expansions = 0;
+  std::vector<std::pair<int32_t, int32_t>> work;  // expand_all's pending (position, parent)
+  std::unordered_set<uint64_t> seen;               // and the pairs it expanded this session
+  const TokenVocab* mask_vocab = nullptr;          // the vocabulary the cached masks are for
+  size_t mask_vocab_size = 0;
 
   explicit Impl(const Grammar& g) {
     starts.resize(g.rules.size());
@@ -59,9 +63,10 @@ struct CompiledGrammar::Impl {
           flat.push_back(e.kind == Element::Bytes ? Flat{Flat::Bytes, -1, e.bytes} : Flat{Flat::Rule, e.rule, {}});
         flat.push_back(Flat{Flat::End, -1, {}});
       }
-    scratch.clear();
-    expand_rule(g.root, kNone, scratch);
-    intern_state(scratch);  // state 0: the start
+    for (int32_t start : starts[size_t(g.root)]) work.push_back({start, kNone});
+    std::vector<int32_t> first;
+    expand_all(first);
+    check(intern_state(first) == 0, "grammar: the start rule matches nothing");  // state 0: the start
   }
 
   int32_t intern_node(int32_t pos, int32_t parent) {
@@ -74,23 +79,30 @@ struct CompiledGrammar::Impl {
     return it->second;
   }
 
-  void expand_rule(int32_t rule, int32_t parent, std::vector<int32_t>& out) {
-    for (int32_t start : starts[size_t(rule)]) expand(start, parent, out);
-  }
-
-  // The leaf stacks reached from "match flat[pos...] and then the stack `parent`" without reading.
-  void expand(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
-    check(++expansions < 4 * kMaxNodes, "grammar: too many expansions; the grammar is too ambiguous");
-    const Flat& e = flat[size_t(pos)];
-    if (e.kind == Flat::Bytes) return out.push_back(intern_node(pos, parent));
-    if (e.kind == Flat::End) {
-      if (parent == kNone) return out.push_back(kAcceptStack);
-      return expand(nodes[size_t(parent)].pos, nodes[size_t(parent)].parent, out);
+  // The leaf stacks reached, without reading a byte, from each pending "match flat[pos...], then the
+  // stack `parent`" in `work`. Iterative (nesting depth is the grammar's, not the C++ stack's), and
+  // each (pos, parent) pair is expanded once per session: nested optional repetitions reach the same
+  // pair along many paths.
+  void expand_all(std::vector<int32_t>& out) {
+    while (!work.empty()) {
+      const auto [pos, parent] = work.back();
+      work.pop_back();
+      if (!seen.insert((uint64_t(uint32_t(pos)) << 32) | uint32_t(parent + 1)).second) continue;
+      check(seen.size() <= kMaxExpansions, "grammar: over {} expansions in one step; the grammar is too ambiguous",
+            kMaxExpansions);
+      const Flat& e = flat[size_t(pos)];
+      if (e.kind == Flat::Bytes) {
+        out.push_back(intern_node(pos, parent));
+      } else if (e.kind == Flat::End) {
+        if (parent == kNone) out.push_back(kAcceptStack);
+        else work.push_back({nodes[size_t(parent)].pos, nodes[size_t(parent)].parent});
+      } else {
+        // A rule reference: its alternatives, then what follows it. A reference last in its
+        // alternative returns straight to the caller (no node), so right recursion stays bounded.
+        const int32_t cont = flat[size_t(pos) + 1].kind == Flat::End ? parent : intern_node(pos + 1, parent);
+        for (int32_t start : starts[size_t(e.rule)]) work.push_back({start, cont});
+      }
     }
-    // A rule reference: its alternatives, then what follows it. A reference last in its
-    // alternative returns straight to the caller (no node), so right recursion stays bounded.
-    const int32_t cont = flat[size_t(pos) + 1].kind == Flat::End ? parent : intern_node(pos + 1, parent);
-    expand_rule(e.rule, cont, out);
   }
 
   StateId intern_state(std::vector<int32_t>& stacks) {
@@ -113,12 +125,14 @@ struct CompiledGrammar::Impl {
     const int32_t known = trans[size_t(s) * 256 + byte];
     if (known != kUnknown) return known;
     std::vector<int32_t> next;
-    expansions = 0;
+    work.clear();
+    seen.clear();
     for (int32_t id : states[size_t(s)]) {
       if (id == kAcceptStack) continue;
       const Node n = nodes[size_t(id)];
-      if (flat[size_t(n.pos)].bytes.has(byte)) expand(n.pos + 1, n.parent, next);
+      if (flat[size_t(n.pos)].bytes.has(byte)) work.push_back({n.pos + 1, n.parent});
     }
+    expand_all(next);
     const StateId r = intern_state(next);
     trans[size_t(s) * 256 + byte] = r;
     return r;
@@ -188,6 +202,10 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask(StateId s, const TokenVoc
     auto none = std::make_shared<TokenMask>();
     none->bits.assign((vocab.size() + 63) / 64, 0);
     return none;
+  }
+  if (impl_->mask_vocab != &vocab || impl_->mask_vocab_size != vocab.size()) {  // masks are per vocabulary
+    impl_->masks.clear();
+    impl_->mask_vocab = &vocab, impl_->mask_vocab_size = vocab.size();
   }
   if (auto it = impl_->masks.find(s); it != impl_->masks.end()) return it->second;
   if (impl_->masks.size() >= kMaxCachedMasks) impl_->masks.clear();

@@ -349,8 +349,8 @@ bool may_start_untagged_call(std::string_view s) {
   if (s[i] != '{') return false;
   i = skip_ws(s, i + 1);
   if (i < s.size() && s[i] == '{') i = skip_ws(s, i + 1);
-  if (i == s.size()) return true;
-  return match_literal(s, i, "\"name\"") != Match::Fail;
+  // Any key may come first ({"arguments": ..., "name": ...} parses too): hold back any object.
+  return i == s.size() || s[i] == '"';
 }
 
 // The first line start from which the text may be an untagged Hermes call; npos if none.
@@ -400,10 +400,11 @@ std::string arguments_gbnf(const Function& fn) {
   if (!fn.parameters) return grammar::json_object_gbnf();
   check(fn.parameters->is_object(), "the parameters of function '{}' must be a JSON Schema object", fn.name);
   ojson schema = *fn.parameters;
-  const bool open = !schema.contains("type") && !schema.contains("$ref") && !schema.contains("anyOf") &&
-                    !schema.contains("oneOf") && !schema.contains("allOf") && !schema.contains("enum") &&
-                    !schema.contains("const");
-  if (open) schema["type"] = "object";
+  // Arguments are an object: a schema without a type is read as an object one (combinators and all),
+  // and any other type is refused rather than forced into a call that could not parse back.
+  if (!schema.contains("type")) schema["type"] = "object";
+  check(schema["type"] == "object", "the parameters of function '{}' must describe an object (\"type\": \"object\")",
+        fn.name);
   try {
     return grammar::json_schema_to_gbnf(schema);
   } catch (const Error& e) {

@@ -3,7 +3,9 @@
 
 Seeds are small real inputs (a few KB each at most): safetensors headers with a few bytes of data and
 tiny complete models built here, config.json files, tokenizer test strings, the chat templates and
-request bodies like those of tests/py/test_server.py. Run from anywhere: tests/fuzz/make_seeds.py
+request bodies like those of tests/py/test_server.py, and for the grammar target GBNF grammars (those of
+tests/data/gbnf_llama_cpp.json and a few more), regular expressions, JSON Schemas
+(tests/data/structured_schemas.json and edge cases) and tool-call outputs (tests/data/tool_calls/). Run from anywhere: tests/fuzz/make_seeds.py
 (the seeds are committed; rerun only to refresh them)."""
 import json
 import struct
@@ -203,8 +205,128 @@ def http_request_seeds():
         write("http_request", name, body(chat, obj, *control))
 
 
+# ---- grammar: one mode byte (see fuzz/fuzz_grammar.cpp: 0 GBNF [+ '\0' + bytes to feed], 1 regex,
+# 2 JSON value / schema, 3 model output or a tools array), then the text
+def grammar_seeds():
+    def put(mode, name, text):
+        data = bytes([mode]) + (text if isinstance(text, bytes) else text.encode())
+        assert len(data) <= 4096, name
+        write("grammar", f"{mode}-{name}", data)
+
+    recorded = json.loads((ROOT / "tests" / "data" / "gbnf_llama_cpp.json").read_text())
+    for g in recorded["grammars"]:
+        accepted = [c for c, ok in g["cases"] if ok]
+        put(0, "gbnf-" + g["name"], g["grammar"] + ("\0" + accepted[-1] if accepted else ""))
+    gbnf = {
+        # llama.cpp's grammars/json.gbnf
+        "json": r'''root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}''' + "\0" + '{"a": [1, -2.5e3, "x\\u00e9"], "b": {"c": null}}',
+        "arithmetic": r'''root  ::= (expr "=" ws term "\n")+
+expr  ::= term ([-+*/] term)*
+term  ::= ident | num | "(" ws expr ")" ws
+ident ::= [a-z] [a-z0-9_]* ws
+num   ::= [0-9]+ ws
+ws    ::= [ \t\n]*''' + "\0" + "(a + 12) * b = x\n",
+        "list": r'''root ::= item+
+# Excludes various line break characters
+item ::= "- " [^\r\n\x0b\x0c\x85\u2028\u2029]+ "\n"''' + "\0" + "- first item\n- second: é 中\n",
+        "japanese": r'''root        ::= (jp-char | space)+
+jp-char     ::= hiragana | katakana | punctuation | cjk
+hiragana    ::= [ぁ-ゟ]
+katakana    ::= [ァ-ヿ]
+punctuation ::= [、-〾]
+cjk         ::= [一-鿿]
+space       ::= [ \t\n]''' + "\0" + "こんにちは、世界 カタカナ",
+        "choice": 'root ::= "yes" | "no" | "maybe" | "I don\\u0027t know"\0maybe',
+        "counts": 'root ::= ("ab"{2} [0-9]{1,3} | [x-z]{0,}){1,4} "."{0,2}\0abab123zz.',
+        "utf8-ranges": r'root ::= [\u0080-\u07FF] [\u0800-\uFFFF] [\U00010000-\U0010FFFF] [^\x00-\x7F]+' + "\0é€😀ü",
+        "tool-call": 'root ::= "<tool_call>" ws "{" ws "\\"name\\":" ws "\\"get_weather\\"" ws "}" ws "</tool_call>"\n'
+                     'ws ::= [ \\t\\n]{0,8}\0<tool_call>{"name": "get_weather"}</tool_call>',
+        "nested-nullable": 'root ::= (a | b)* "!"\na ::= "x"? "y"?\nb ::= ("z" a)?\0xyzx!',
+        "nested-repeat": 'root ::= (("a"? "b"){0,20} "c"?){1,3} "d"\0abbcabd',
+    }
+    for name, text in gbnf.items():
+        put(0, "gbnf-" + name, text)
+
+    regexes = {
+        "phone": r"\d{3}-\d{4}", "email": r"[a-z0-9._%+-]+@[a-z0-9.-]+\.(com|org|net)", "date": r"^\d{4}-\d{2}-\d{2}$",
+        "alternation": "(ab|c)*d?", "choice": "(?:yes|no|maybe)", "counts": "a{2,5}b{,3}c{2,}", "word": r"^\w+\s\W?$",
+        "string-body": r'[^"\\]{1,8}', "latin1": "[\u00e9-\u00ff]+é", "abb": "(a|b)*abb", "named": "(?P<x>a+)(?<y>b)?",
+        "ipv4": r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)", "dot": r".\..+?", "anchored-alts": "(^a|^b)c$",
+        "classes": r"[-a-c_\]]+[^\s\d]*", "escapes": r"\x41\u00e9\u{1F600}\t\/\-", "lookahead": "a(?=b)", "nested-counts": "((ab?){0,20}c?){1,3}",
+    }
+    for name, pattern in regexes.items():
+        put(1, "regex-" + name, pattern)
+
+    schemas = json.loads((ROOT / "tests" / "data" / "structured_schemas.json").read_text())
+    for name, schema in schemas.items():
+        put(2, "schema-" + name, json.dumps(schema))
+    extra = {
+        "true": True, "false": False, "empty": {},
+        "const-object": {"const": {"a": [1, "x", None], "b": 2.5}},
+        "enum-mixed": {"enum": ["red", 1, None, True, [1, 2], {"k": "v"}, 1e300, -0.0]},
+        "ref-recursive": {"$defs": {"node": {"type": "object", "properties": {"value": {"type": "integer"},
+                                                                             "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                                            "required": ["value"], "additionalProperties": False}},
+                          "$ref": "#/$defs/node"},
+        "bounds": {"type": "object", "properties": {
+            "i": {"type": "integer", "minimum": -12345678901234567890, "exclusiveMaximum": 99999999999999999999},
+            "n": {"type": "number", "exclusiveMinimum": 0.5, "maximum": 1e3},
+            "s": {"type": "string", "minLength": 2, "maxLength": 5, "pattern": "^[a-c]+$"},
+            "a": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+            "t": {"type": ["string", "null"], "format": "date"}}, "required": ["i", "s"]},
+        "any-of": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]},
+        "type-list": {"type": ["integer", "boolean"], "nullable": True},
+        "value-object": {"name": "x", "list": [1, 2.5, "é", None, {"deep": [[[]]]}], "unicode": "\u00e9\ud83d\ude00\n"},
+        "value-array": [1, {"a": {}}, "x"],
+    }
+    for name, schema in extra.items():
+        put(2, "schema-" + name, json.dumps(schema))
+
+    for p in sorted((ROOT / "tests" / "data" / "tool_calls").glob("*.txt")):
+        put(3, "output-" + p.stem, p.read_bytes())
+    for text in [
+        "Sure.\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n<tool_call>{\"name\": \"get_time\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}",
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "ping", "parameters": null}<|eom_id|>',
+        'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Lima"}[TOOL_CALLS][{"name": "ping", "arguments": {}}]',
+        '```json\n[{"name": "get_time", "arguments": {"city": "Sydney"}}, {{"name": "ping", "arguments": {}}}]\n```',
+    ]:
+        put(3, f"output-constructed-{len(text)}", text)
+    tools = json.loads((ROOT / "tests" / "data" / "tool_calls" / "tools.json").read_text())
+    for name, lst in tools.items():
+        put(3, "tools-" + name, json.dumps(lst))
+    put(3, "tools-no-parameters", json.dumps([{"type": "function", "function": {"name": "ping"}},
+                                              {"name": "bare \"quoted\" é", "parameters": None},
+                                              {"type": "function", "function": {"name": "enum_args", "parameters": {
+                                                  "properties": {"mode": {"enum": ["a", "b"]}}, "required": ["mode"]}}}]))
+
+
 if __name__ == "__main__":
     safetensors_seeds()
     tokenizer_seeds()
     chat_template_seeds()
     http_request_seeds()
+    grammar_seeds()

@@ -78,7 +78,7 @@ TEST(GrammarParse, LanguagesOfSmallGrammars) {
 }
 
 TEST(GrammarParse, ErrorsNameTheProblem) {
-  const std::pair<const char*, const char*> cases[] = {
+  const std::pair<std::string, const char*> cases[] = {
       {"root ::= foo", "'foo' is used but never defined"},
       {"start ::= \"a\"", "no rule named 'root'"},
       {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
@@ -94,6 +94,12 @@ TEST(GrammarParse, ErrorsNameTheProblem) {
       {"root ::= \"\\q\"", "unknown escape"},
       {"root ::= <think>", "not supported"},
       {"root ::= \"a\" )", "unexpected ')'"},
+      {"root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')'), "nested deeper than 256"},
+      {"root ::= \"\\uD800\"", "surrogate"},
+      {"root ::= [\\uD800-\\uDFFF]", "surrogates only"},
+      {"root ::= \"\xC0\x80\"", "invalid UTF-8"},      // overlong
+      {"root ::= \"\xF7\xBF\xBF\xBF\"", "invalid UTF-8"},  // beyond U+10FFFF
+      {"root ::= (\"a\"?)*", "can reach itself without reading"},
   };
   for (auto [text, message] : cases) {
     try {
@@ -112,6 +118,18 @@ TEST(GrammarParse, LiteralRoundTrip) {
     EXPECT_TRUE(accepts("root ::= " + gbnf_literal(t), t)) << t;
     EXPECT_FALSE(accepts("root ::= " + gbnf_literal(t), t + "x")) << t;
   }
+}
+
+TEST(GrammarMatch, NestedOptionalRepetitionsExpandOnceEach) {
+  // Each (position, caller) pair is expanded once per step: without that, the paths through the
+  // nested optional repeats multiply (and recursed deep enough to overflow the stack).
+  const Grammar g = parse_gbnf(R"(root ::= ((("a"?){0,4}){0,4}){0,4} "b")");
+  EXPECT_TRUE(matches(g, "b"));
+  EXPECT_TRUE(matches(g, std::string(64, 'a') + "b"));
+  EXPECT_FALSE(matches(g, std::string(65, 'a') + "b"));
+  EXPECT_FALSE(matches(g, "aba"));
+  // Ambiguous past the limits: a clear error, not a crash or a hang.
+  EXPECT_THROW(matches(parse_gbnf(R"(root ::= ((("a"?){0,100}){0,100}){0,100} "b")"), std::string(50, 'a') + "b"), Error);
 }
 
 TEST(GrammarMatch, RightRecursionStaysBounded) {

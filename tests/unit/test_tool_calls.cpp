@@ -189,7 +189,7 @@ TEST(ToolCallStart, MarkersAndTheirPrefixes) {
       // untagged Hermes (Qwen2.5-Coder): a line that may still become a ```json fence or {"name" ...
       {"```", H, 0}, {"``", H, 0}, {"```JS", H, 0}, {"```json\n{\n  \"na", H, 0}, {"```jsx", H, npos},
       {"Sure.\n```python\nprint(1)", H, npos}, {"{{\"name\"", H, 0}, {"[{\"name\": \"f\"", H, 0},
-      {"Let me check.\n{\"name\": \"get", H, 14}, {"{\"type\": \"object\"}", H, npos},
+      {"Let me check.\n{\"name\": \"get", H, 14}, {"{\"type\": \"object\"}", H, 0},  // any key may come first
       {"int main()\n{\n  return 0;\n}", H, npos},
       // Llama 3: <|python_tag|>, or a reply that opens with '{'
       {"<|python", L, 0}, {"Sure <|pyt", L, 5}, {"  {\"name\"", L, 0}, {"The answer", L, npos}, {"<", L, 0},
