@@ -1,12 +1,12 @@
-#include <optional>
-#include <limits>
-#include <bit>
 #include "engine/engine.h"
 
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "base/error.h"
 
