@@ -6,9 +6,9 @@ requests that worker held, and the router routes around it afterwards."""
 import concurrent.futures
 import random
 import re
-import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -42,7 +42,7 @@ class Router:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [shutil.which("smg"), "launch", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+            [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
              "--worker-urls", *[w.url for w in workers], "--health-check-interval-secs", "1",
              "--health-failure-threshold", "1", "--prometheus-port", str(free_port())],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
