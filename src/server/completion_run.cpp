@@ -166,7 +166,7 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
 void CompletionRun::send_sse(const json& payload) { ex_->write_chunk("data: " + dump(payload) + "\n\n"); }
 
 void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta, size_t index) {
-  if (job_.parse_tool_calls) return stream_tool_event(index);
+  if (job_.parse_tool_calls) return stream_tool_event(ev, index);
   Choice& c = choices_[index];
   const bool first = job_.chat && !c.started;
   const std::string shown = c.started ? delta : job_.echo_text + delta;  // echo: the prompt comes first
@@ -188,7 +188,7 @@ void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta,
 
 // Streaming with tools: content up to a possible call as it comes; at the end the calls (as
 // delta.tool_calls, all fragments of a call in one chunk) or the held-back text.
-void CompletionRun::stream_tool_event(size_t index) {
+void CompletionRun::stream_tool_event(const TokenEvent& ev, size_t index) {
   Choice& c = choices_[index];
   const bool first = !c.started;
   c.started = true;
@@ -198,7 +198,10 @@ void CompletionRun::stream_tool_event(size_t index) {
   std::string shown = c.full_text.substr(c.streamed, until - c.streamed);
   c.streamed = until;
   if (calls) shown = content_after_calls(c);
-  if (!shown.empty() || first) send_sse(chunk_json(index, shown, nullptr, nullptr, first));
+  json lp = nullptr;  // each token's log-probability as it comes, even while its text is held back
+  if (job_.logprobs >= 0 && !ev.finished)
+    lp = json{{"content", json::array({token_logprob_json(ev.token, ev.logprob, ev.top)})}};
+  if (!shown.empty() || first || lp != nullptr) send_sse(chunk_json(index, shown, nullptr, lp, first));
   if (calls) {
     json chunk = chunk_json(index, "", nullptr, nullptr, false);
     chunk["choices"][0]["delta"] = json{{"tool_calls", tool_calls_json(c, true)}};

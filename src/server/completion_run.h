@@ -83,7 +83,7 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   void on_event(const TokenEvent& ev);
   bool apply_event(const TokenEvent& ev, std::string& delta, size_t& index);
   void stream_event(const TokenEvent& ev, const std::string& delta, size_t index);
-  void stream_tool_event(size_t index);
+  void stream_tool_event(const TokenEvent& ev, size_t index);
   std::string content_after_calls(const Choice& c) const;
   json tool_calls_json(const Choice& c, bool delta) const;
   void client_gone();

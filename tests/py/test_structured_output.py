@@ -194,3 +194,16 @@ def test_tool_result_flows_back_and_auto_choice(client):
         "type": "function", "function": {"name": "nope"}}), "tool_choice", "nope")
     bad(lambda: client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, tool_choice="required"),
         "tool_choice", "needs a non-empty 'tools'")
+
+
+def test_streamed_tool_calls_keep_their_logprobs(client):
+    """Text held back as a possible call still sends each token's log-probability as it comes."""
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                            max_tokens=120, temperature=0, stream=True, logprobs=True,
+                                            stream_options={"include_usage": True})
+    n_logprobs, usage = 0, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            n_logprobs += len(c.logprobs.content) if c.logprobs and c.logprobs.content else 0
+    assert usage and n_logprobs == usage.completion_tokens
