@@ -30,12 +30,9 @@
 #include "base/error.h"
 #include "base/utf8.h"
 #include "grammar/gbnf.h"
+#include "grammar/json_text.h"
 
 namespace serval::grammar {
-namespace detail {
-std::string regex_to_json_string_gbnf(std::string_view pattern, std::string_view name, size_t* min_length,
-                                      size_t* max_length);
-}  // namespace detail
 
 namespace {
 
@@ -186,18 +183,7 @@ std::string repeat(const std::string& atom, int64_t min, int64_t max) {
 }
 
 // A character as JSON writes it inside a string (nlohmann's spelling of escapes).
-std::string json_unit(uint32_t c) {
-  switch (c) {
-    case '"': return "\\\"";
-    case '\\': return "\\\\";
-    case '\b': return "\\b";
-    case '\f': return "\\f";
-    case '\n': return "\\n";
-    case '\r': return "\\r";
-    case '\t': return "\\t";
-    default: return c < 0x20 ? fmt::format("\\u{:04x}", c) : utf8_encode(c);
-  }
-}
+std::string json_unit(uint32_t c) { return detail::needs_json_escape(c) ? detail::json_escape(c) : utf8_encode(c); }
 
 std::string class_char(uint32_t c) {
   if (c == '\\' || c == ']' || c == '[' || c == '-' || c == '^') return fmt::format("\\{}", char(c));
@@ -1041,7 +1027,7 @@ std::string Converter::extra_key(const std::vector<std::string>& names, const st
     std::vector<std::string> other{raw + "]"};
     if (kid_escapes.empty()) other.push_back("key-escape");
     for (uint32_t c = 0; c < 0x60 && !kid_escapes.empty(); ++c) {
-      if ((c < 0x20 || c == '"' || c == '\\') && !kid_escapes.count(json_unit(c))) other.push_back(lit(json_unit(c)));
+      if (detail::needs_json_escape(c) && !kid_escapes.count(json_unit(c))) other.push_back(lit(json_unit(c)));
     }
     alts.push_back(seq(group(other), "key-char*"));
     const std::string body = join(alts, " | ");

@@ -21,12 +21,9 @@
 #include "base/error.h"
 #include "base/utf8.h"
 #include "grammar/gbnf.h"
+#include "grammar/json_text.h"
 
 namespace serval::grammar {
-namespace detail {
-std::string regex_to_json_string_gbnf(std::string_view pattern, std::string_view name, size_t* min_length,
-                                      size_t* max_length);
-}  // namespace detail
 
 namespace {
 
@@ -520,21 +517,6 @@ std::string class_text(const Ranges& r) {
   return out + "]";
 }
 
-// JSON's escape for a character that cannot appear raw in a JSON string (as nlohmann writes it).
-std::string json_escape(uint32_t c) {
-  switch (c) {
-    case '"': return "\\\"";
-    case '\\': return "\\\\";
-    case '\b': return "\\b";
-    case '\f': return "\\f";
-    case '\n': return "\\n";
-    case '\r': return "\\r";
-    case '\t': return "\\t";
-    default: return fmt::format("\\u{:04x}", c);
-  }
-}
-
-bool needs_json_escape(uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; }
 
 class Writer {
  public:
@@ -564,7 +546,7 @@ class Writer {
   }
 
   std::string char_text(uint32_t c) const {
-    return json_ && needs_json_escape(c) ? json_escape(c) : utf8_encode(c);
+    return json_ && detail::needs_json_escape(c) ? detail::json_escape(c) : utf8_encode(c);
   }
 
   Expr write_chars(const Ranges& r) {
@@ -575,13 +557,13 @@ class Writer {
     if (!json_) return {class_text(r), 2};
     Ranges plain, special;
     for (auto [lo, hi] : r) {
-      for (uint32_t c = lo; c <= std::min(hi, 0x5Cu); ++c) (needs_json_escape(c) ? special : plain).push_back({c, c});
+      for (uint32_t c = lo; c <= std::min(hi, 0x5Cu); ++c) (detail::needs_json_escape(c) ? special : plain).push_back({c, c});
       if (hi > 0x5C) plain.push_back({std::max(lo, 0x5Du), hi});
     }
     plain = normalize(plain);
     std::vector<std::string> alts;
     if (!plain.empty()) alts.push_back(class_text(plain));
-    for (auto [c, unused] : special) alts.push_back(gbnf_literal(json_escape(c)));
+    for (auto [c, unused] : special) alts.push_back(gbnf_literal(detail::json_escape(c)));
     if (alts.size() == 1) return {alts[0], 2};
     std::string out = "(";
     for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
@@ -669,8 +651,19 @@ std::string regex_to_gbnf(std::string_view pattern, std::string_view name) {
 }
 
 namespace detail {
-// The pattern's language as JSON string content (what goes between the quotes), and the shortest and
-// longest match in characters (SIZE_MAX: unbounded). Used by the JSON Schema converter.
+std::string json_escape(uint32_t c) {
+  switch (c) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    default: return fmt::format("\\u{:04x}", c);
+  }
+}
+
 std::string regex_to_json_string_gbnf(std::string_view pattern, std::string_view name, size_t* min_length,
                                       size_t* max_length) {
   return convert(pattern, name, true, min_length, max_length);
