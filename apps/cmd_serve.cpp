@@ -12,6 +12,7 @@
 #include "base/file_util.h"
 #include "engine/engine_loop.h"
 #include "server/http_server.h"
+#include "server/kv_events.h"
 
 namespace serval::cli {
 namespace {
@@ -21,7 +22,22 @@ struct ServeOptions {
   ServerConfig server;
   EngineFlags engine{"0.25"};
   int threads = 0;
+  KvEventsConfig kv_events;
+  std::string kv_events_config;  // vLLM's --kv-events-config JSON
 };
+
+// Publishes the engine's KV cache events when asked to (null otherwise).
+std::unique_ptr<KvEventPublisher> start_kv_events(ServeOptions& o, Engine& engine) {
+  if (!o.kv_events_config.empty()) parse_kv_events_config(o.kv_events_config, o.kv_events);
+  if (!o.kv_events.enabled()) return nullptr;
+  check(o.engine.config().prefix_caching, "KV events need prefix caching (drop --no-prefix-caching)");
+  o.kv_events.block_size = engine.capacity().block_size;
+  auto publisher = std::make_unique<KvEventPublisher>(o.kv_events);
+  engine.set_kv_event_sink([p = publisher.get()](std::vector<KvEvent> events) { p->publish(std::move(events)); });
+  fmt::print(stderr, "serval: KV cache events on {} ({} encoding{})\n", o.kv_events.endpoint, o.kv_events.encoding,
+             o.kv_events.replay_endpoint.empty() ? "" : ", replays on " + o.kv_events.replay_endpoint);
+  return publisher;
+}
 
 void run_serve(ServeOptions& o) {
   // Signals go to one watcher thread: block them before any other thread exists.
@@ -48,6 +64,7 @@ void run_serve(ServeOptions& o) {
   o.engine.spec.load_heads(*model);
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
+  const auto kv_events = start_kv_events(o, engine);  // outlives the loop, which feeds it
   EngineLoop loop(engine);
   server.attach(*model, loop);
   const std::string url = fmt::format("{}://{}:{}", scheme, o.server.host, server.port());
@@ -68,6 +85,18 @@ void run_serve(ServeOptions& o) {
   watcher.join();
   loop.stop();
   fmt::print(stderr, "serval: stopped (at most {} connections were open at once)\n", server.peak_connections());
+}
+
+void add_kv_events_flags(CLI::App* cmd, ServeOptions& o) {
+  auto& k = o.kv_events;
+  cmd->add_option("--kv-events-endpoint", k.endpoint,
+                  "publish KV cache events (vLLM's schema, msgpack over ZeroMQ PUB) here, e.g. tcp://*:5557");
+  cmd->add_option("--kv-events-replay-endpoint", k.replay_endpoint, "ZeroMQ ROUTER address that replays recent event batches");
+  cmd->add_option("--kv-events-topic", k.topic, "topic frame of every event message (default empty)");
+  cmd->add_option("--kv-events-encoding", k.encoding, "array (default: vLLM up to 0.11, llm-d, Dynamo) or map (current vLLM)")
+      ->check(CLI::IsMember({"array", "map"}));
+  cmd->add_option("--kv-events-config", o.kv_events_config,
+                  "vLLM's JSON form: {\"enable_kv_cache_events\": true, \"endpoint\": ..., \"replay_endpoint\": ..., \"topic\": ...}");
 }
 
 }  // namespace
@@ -107,6 +136,7 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--reuse-port", s.reuse_port, "bind with SO_REUSEPORT so several servers share the port");
   cmd->add_option("--metrics-names", s.metrics_names, "metric names in /metrics: serval (default) or vllm (also vLLM's vllm:... names, for routers)")
       ->check(CLI::IsMember({"serval", "vllm"}));
+  add_kv_events_flags(cmd, *o);
   cmd->callback([o] { run_serve(*o); });
 }
 

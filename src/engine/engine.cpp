@@ -406,6 +406,28 @@ void Engine::emit_prompt_logprobs(Request& r, const PromptRows& rows) {
 }
 
 bool Engine::step() {
+  const bool worked = run_step();
+  flush_kv_events();  // a failed step's events go with the next one
+  return worked;
+}
+
+void Engine::set_kv_event_sink(KvEventSink sink) {
+  kv_event_sink_ = std::move(sink);
+  if (kv_event_sink_ && !kv_->events_enabled()) kv_->enable_events();
+}
+
+void Engine::flush_kv_events() {
+  if (!kv_event_sink_) return;
+  auto events = kv_->take_events();
+  if (!events.empty()) kv_event_sink_(std::move(events));
+}
+
+void Engine::reset_prefix_cache() {
+  kv_->reset_prefix_cache();
+  flush_kv_events();
+}
+
+bool Engine::run_step() {
   propose_drafts();
   const SchedulerOutput plan = scheduler_->schedule();
   if (proposer_)
@@ -433,7 +455,7 @@ bool Engine::step() {
     if (proposer_ && last_row >= 0)
       proposer_->verified(r, hidden_.empty() ? nullptr : hidden_.data() + last_row * model_.config().n_embd);
     kv_->hash_blocks(r.tokens, r.block_hashes);  // only blocks not hashed before
-    kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens);
+    kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens, r.tokens);
   }
   return true;
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,6 +74,12 @@ class Engine {
   void fail_all(const std::string& message);
   // Runs one iteration; false when there was nothing to do.
   bool step();
+  // Receives the prefix-cache index's changes (kv/kv_events.h) on the engine's thread, after each step
+  // that made some; setting one turns the recording on.
+  using KvEventSink = std::function<void(std::vector<KvEvent>)>;
+  void set_kv_event_sink(KvEventSink sink);
+  // Drops the cached prefixes no request holds (an emptied index is announced as AllBlocksCleared).
+  void reset_prefix_cache();
   bool has_work() const { return !requests_.empty(); }
   EngineStats stats() const;
   const KvCapacity& capacity() const { return capacity_; }
@@ -115,9 +122,12 @@ class Engine {
   std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Request*> spec_reqs_;
   std::vector<int32_t> spec_limits_;
+  KvEventSink kv_event_sink_;
   std::vector<int32_t> tree_depth_;                   // depth of each token of a draft tree (scratch)
   std::vector<std::vector<int32_t>> tree_prefix_;     // ... and per group the request's slots before it
 
+  bool run_step();  // step() without the event flush
+  void flush_kv_events();
   // Fills batch_ and logit_row_ (the logits row of each scheduled request, -1 for none); the block
   // tables are moved in from the requests' copies, brought up to date with the new blocks only.
   void build_batch(const SchedulerOutput& plan);

@@ -32,6 +32,7 @@ void BlockPool::drop_hash(int32_t block) {
   by_hash_.erase(b.hash);
   b.has_hash = false;
   if (b.in_free) --n_cached_free_;
+  if (on_drop_) on_drop_(b.hash);
 }
 
 int32_t BlockPool::allocate() {
@@ -84,5 +85,12 @@ void BlockPool::reset_cache() {
 }
 
 std::vector<int32_t> BlockPool::free_order() const { return {free_.begin(), free_.end()}; }
+
+std::vector<uint64_t> BlockPool::cached_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(by_hash_.size());
+  for (const auto& [hash, block] : by_hash_) out.push_back(hash);
+  return out;
+}
 
 }  // namespace serval

@@ -2,6 +2,7 @@
 // (hash of a full block -> block). Pure bookkeeping: no tensors here.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <optional>
 #include <unordered_map>
@@ -38,6 +39,10 @@ class BlockPool {
   void reset_cache();
   // Free blocks, head (next to be evicted) first: for tests and the engine view.
   std::vector<int32_t> free_order() const;
+  // Every hash in the prefix-cache index (any order).
+  std::vector<uint64_t> cached_hashes() const;
+  // Called with each hash that leaves the index (eviction or reset), when set.
+  void set_on_drop(std::function<void(uint64_t)> fn) { on_drop_ = std::move(fn); }
 
  private:
   struct Block {
@@ -51,6 +56,7 @@ class BlockPool {
   std::list<int32_t> free_;  // LRU: head is evicted first
   std::unordered_map<uint64_t, int32_t> by_hash_;
   int32_t n_cached_free_ = 0;
+  std::function<void(uint64_t)> on_drop_;
 
   void drop_hash(int32_t block);
 };

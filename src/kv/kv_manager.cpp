@@ -165,26 +165,65 @@ void KvManager::grow(KvAllocation& a, int64_t n_tokens) {
     while (int64_t(a.tables_[g].size()) < blocks_for(n_tokens)) a.tables_[g].push_back(pools_[g].allocate()), ++a.n_held_;
 }
 
-void KvManager::register_block(KvAllocation& a, uint64_t h) {
+void KvManager::register_block(KvAllocation& a, uint64_t h, std::span<const int32_t> tokens) {
   const int64_t b = a.n_registered_++;
+  const uint64_t parent = a.last_hash_;
   a.last_hash_ = h;
-  for (int g = 0; g < n_groups(); ++g)
-    if (a.tables_[g][b] >= 0) pools_[g].set_hash(a.tables_[g][b], h);
+  for (int g = 0; g < n_groups(); ++g) {
+    if (a.tables_[g][b] < 0) continue;
+    const bool added = pools_[g].set_hash(a.tables_[g][b], h);
+    if (g == 0 && added && events_on_) record_stored(parent, b == 0, h, tokens);
+  }
+}
+
+void KvManager::record_stored(uint64_t parent, bool first, uint64_t h, std::span<const int32_t> tokens) {
+  // A block continuing the last stored run joins it (one event per run of a sequence's blocks).
+  KvEvent* last = events_.empty() ? nullptr : &events_.back();
+  if (!first && last && last->kind == KvEvent::Kind::BlockStored && last->block_hashes.back() == parent) {
+    last->block_hashes.push_back(h);
+  } else {
+    events_.push_back({KvEvent::Kind::BlockStored, {h}, first ? std::nullopt : std::optional(parent), {}});
+    last = &events_.back();
+  }
+  last->token_ids.insert(last->token_ids.end(), tokens.begin(), tokens.end());
+}
+
+void KvManager::record_removed(uint64_t h) {
+  if (events_.empty() || events_.back().kind != KvEvent::Kind::BlockRemoved)
+    events_.push_back({KvEvent::Kind::BlockRemoved, {}, std::nullopt, {}});
+  events_.back().block_hashes.push_back(h);
+}
+
+void KvManager::enable_events() {
+  events_on_ = true;
+  pools_[0].set_on_drop([this](uint64_t h) { record_removed(h); });
+}
+
+std::vector<KvEvent> KvManager::take_events() {
+  std::vector<KvEvent> out;
+  out.swap(events_);
+  return out;
 }
 
 void KvManager::commit(KvAllocation& a, std::span<const int32_t> tokens, int64_t n_computed) {
   const int64_t bs = config_.block_size;
   if (config_.prefix_caching)
     while ((a.n_registered_ + 1) * bs <= n_computed)
-      register_block(a, block_hash(a.last_hash_, tokens.subspan(a.n_registered_ * bs, bs)));
+      register_block(a, block_hash(a.last_hash_, tokens.subspan(a.n_registered_ * bs, bs)),
+                     tokens.subspan(a.n_registered_ * bs, bs));
   free_window_blocks(a, n_computed);
 }
 
-void KvManager::commit_hashed(KvAllocation& a, std::span<const uint64_t> chain, int64_t n_computed) {
+void KvManager::commit_hashed(KvAllocation& a, std::span<const uint64_t> chain, int64_t n_computed,
+                              std::span<const int32_t> tokens) {
   const int64_t bs = config_.block_size;
   if (config_.prefix_caching) {
     check(int64_t(chain.size()) >= n_computed / bs, "internal: the hash chain is shorter than the computed tokens");
-    while ((a.n_registered_ + 1) * bs <= n_computed) register_block(a, chain[a.n_registered_]);
+    while ((a.n_registered_ + 1) * bs <= n_computed) {
+      const int64_t b = a.n_registered_;
+      const auto block_tokens = int64_t(tokens.size()) >= (b + 1) * bs ? tokens.subspan(b * bs, bs) : std::span<const int32_t>{};
+      register_block(a, chain[b], block_tokens);
+    }
   }
   free_window_blocks(a, n_computed);
 }
@@ -217,7 +256,12 @@ void KvManager::free_blocks(std::vector<std::vector<int32_t>>& tables) {
 }
 
 void KvManager::reset_prefix_cache() {
+  const size_t mark = events_.size();
   for (auto& p : pools_) p.reset_cache();
+  if (events_on_ && pools_[0].cached_hashes().empty()) {
+    events_.resize(mark);  // the removals the reset just recorded
+    events_.push_back({KvEvent::Kind::AllBlocksCleared, {}, std::nullopt, {}});
+  }
 }
 
 double KvManager::usage() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/kv_events.h"
 
 namespace serval {
 
@@ -90,10 +91,19 @@ class KvManager {
   // cache and frees blocks that every future token's window has left.
   // Work proportional to the blocks that became full or left a window since the last commit.
   void commit(KvAllocation& alloc, std::span<const int32_t> tokens, int64_t n_computed);
-  // The same from the tokens' hash chain (hash_blocks; it covers at least n_computed tokens).
-  void commit_hashed(KvAllocation& alloc, std::span<const uint64_t> chain, int64_t n_computed);
-  // Drops cached prefixes no request holds.
+  // The same from the tokens' hash chain (hash_blocks; it covers at least n_computed tokens). `tokens`
+  // (the same sequence) is only read for the events' token ids.
+  void commit_hashed(KvAllocation& alloc, std::span<const uint64_t> chain, int64_t n_computed,
+                     std::span<const int32_t> tokens = {});
+  // Drops cached prefixes no request holds. With events on, an index left empty is announced as
+  // AllBlocksCleared (instead of one removal per hash).
   void reset_prefix_cache();
+  // Records how group 0's prefix-cache index changes (kv_events.h) from now on; the first group is the
+  // one every prefix hit needs. Off by default.
+  void enable_events();
+  bool events_enabled() const { return events_on_; }
+  // The events since the last call, oldest first.
+  std::vector<KvEvent> take_events();
   // Fraction of blocks referenced by requests, over all groups.
   double usage() const;
 
@@ -102,10 +112,15 @@ class KvManager {
   KvManagerConfig config_;
   std::vector<BlockPool> pools_;
   uint64_t next_serial_ = 1;
+  bool events_on_ = false;
+  std::vector<KvEvent> events_;
 
   int64_t blocks_for(int64_t n_tokens) const { return (n_tokens + config_.block_size - 1) / config_.block_size; }
   void free_blocks(std::vector<std::vector<int32_t>>& tables);
-  void register_block(KvAllocation& alloc, uint64_t hash);
+  // `tokens`: the block's tokens (read for events only; may be empty).
+  void register_block(KvAllocation& alloc, uint64_t hash, std::span<const int32_t> tokens);
+  void record_stored(uint64_t parent, bool first, uint64_t hash, std::span<const int32_t> tokens);
+  void record_removed(uint64_t hash);
   void free_window_blocks(KvAllocation& alloc, int64_t n_computed);
 };
 

@@ -91,6 +91,8 @@ struct HttpServer::Impl {
   void get_metrics(http::Request&, Exchange ex);
   void get_models(http::Request&, Exchange ex);
   void get_engine_state(http::Request&, Exchange ex);
+  void get_engine_blocks(http::Request&, Exchange ex);
+  void post_reset_prefix_cache(http::Request&, Exchange ex);
   void post_tokenize(http::Request& req, Exchange ex);
   void post_detokenize(http::Request& req, Exchange ex);
   void post_completions(http::Request& req, Exchange ex) { generate(req, std::move(ex), false); }
@@ -107,6 +109,8 @@ void HttpServer::Impl::add_routes() {
       {{"GET", "/metrics"}, {true, &Impl::get_metrics}},
       {{"GET", "/v1/models"}, {true, &Impl::get_models}},
       {{"GET", "/engine/state"}, {false, &Impl::get_engine_state}},
+      {{"GET", "/engine/blocks"}, {false, &Impl::get_engine_blocks}},
+      {{"POST", "/reset_prefix_cache"}, {false, &Impl::post_reset_prefix_cache}},
       {{"POST", "/tokenize"}, {false, &Impl::post_tokenize}},
       {{"POST", "/detokenize"}, {false, &Impl::post_detokenize}},
       {{"POST", "/v1/completions"}, {false, &Impl::post_completions}},
@@ -152,7 +156,8 @@ std::optional<http::Response> HttpServer::Impl::authenticate(const http::Request
 }
 
 static bool is_api_path(const std::string& path) {
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" || path == "/engine/state";
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" || path.rfind("/engine/", 0) == 0 ||
+         path == "/reset_prefix_cache";
 }
 
 std::optional<http::Response> HttpServer::Impl::require_model(const http::Request& req) const {
@@ -254,6 +259,26 @@ void HttpServer::Impl::generate(http::Request& req, Exchange ex, bool chat) {
     --in_flight;
     throw;
   }
+}
+
+// The prefix-cache index of the first KV group (the one KV events describe): every cached block's
+// chain hash, and the block holding it.
+void HttpServer::Impl::get_engine_blocks(http::Request&, Exchange ex) {
+  json j;
+  loop->run_on_engine([&](Engine& e) {
+    const auto& pool = e.kv_manager().pool(0);
+    json blocks = json::array();
+    for (int32_t b = 0; b < pool.n_blocks(); ++b)
+      if (const auto h = pool.hash_of(b)) blocks.push_back({{"block", b}, {"hash", *h}, {"ref_count", pool.ref_count(b)}});
+    j = json{{"block_size", e.capacity().block_size}, {"num_blocks", pool.n_blocks()}, {"cached", std::move(blocks)}};
+  });
+  reply(ex, json_response(200, j));
+}
+
+// vLLM's endpoint: drops the cached prefixes no request holds.
+void HttpServer::Impl::post_reset_prefix_cache(http::Request&, Exchange ex) {
+  loop->run_on_engine([](Engine& e) { e.reset_prefix_cache(); });
+  reply(ex, json_response(200, json{{"status", "ok"}}));
 }
 
 json HttpServer::Impl::engine_state() {
