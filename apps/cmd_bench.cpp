@@ -11,6 +11,7 @@
 
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
+#include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "engine/engine.h"
@@ -29,6 +30,7 @@ struct BenchOptions {
   std::vector<int> depths{0};
   bool roofline = false;
   mutable SpecFlags spec;
+  ParallelFlags parallel;
 };
 
 // With --spec: greedy generation of n_gen tokens on the engine after a prompt (the --file text, else the
@@ -112,7 +114,7 @@ void run_bench(const BenchOptions& o) {
   check(o.reps > 0 && o.n_prompt >= 0 && o.n_gen >= 0, "-r must be > 0, -p and -n >= 0");
   check(!o.depths.empty(), "-d needs at least one depth");
   for (int d : o.depths) check(d >= 0, "-d must be >= 0");
-  auto model = Model::load(resolve_model_path(o.model));
+  auto model = o.parallel.load(resolve_model_path(o.model));
   const ModelConfig& cfg = model->config();
   const int64_t n_vocab = cfg.n_vocab;
   std::mt19937 rng(1);
@@ -223,6 +225,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-f,--file", o->prompt_file,
                   "with --spec: the prompt (text) the speculative rows generate after (default: the random prompt)");
   o->spec.add_to(cmd);
+  o->parallel.add_to(cmd);
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -7,6 +7,7 @@
 
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
+#include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "base/utf8.h"
@@ -23,6 +24,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<std::string> logit_bias;
   SpecFlags spec;
+  ParallelFlags parallel;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -84,7 +86,7 @@ void run_generate(GenerateOptions& o) {
     o.prompt = read_text_file(o.prompt_file);
   }
   const auto t_load = Clock::now();
-  auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
+  auto model = o.parallel.load(resolve_model_path(o.model), {o.tokenizer});
   const auto& tok = model->tokenizer();
   parse_logit_bias(o.logit_bias, o.sampling);
   o.sampling.validate(tok.n_vocab());
@@ -153,6 +155,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--parse-special", o->special, "turn special-token text in the prompt into its id");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
   o->spec.add_to(cmd);
+  o->parallel.add_to(cmd);
   cmd->add_flag("--json", o->json, "print one JSON object per generated token (id, text, logprob, top)");
   cmd->callback([o] { run_generate(*o); });
 }

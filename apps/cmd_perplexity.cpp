@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "model/session.h"
@@ -18,12 +19,13 @@ namespace {
 struct PerplexityOptions {
   std::string model, file, tokenizer, cache_type = "f16";
   int ctx = 512, threads = 0, max_chunks = -1, batch = 512;
+  ParallelFlags parallel;
 };
 
 void run_perplexity(const PerplexityOptions& o) {
   set_threads(o.threads);
   const std::string text = read_text_file(o.file);
-  auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
+  auto model = o.parallel.load(resolve_model_path(o.model), {o.tokenizer});
   const auto& tok = model->tokenizer();
   check(o.ctx >= 4, "-c must be at least 4");
   const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/true);
@@ -77,6 +79,7 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("-b,--batch-size", o->batch, "tokens per forward pass (default 512)");
   cmd->add_option("--chunks", o->max_chunks, "score at most this many chunks");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
+  o->parallel.add_to(cmd);
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
   cmd->callback([o] { run_perplexity(*o); });

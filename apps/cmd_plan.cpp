@@ -18,6 +18,7 @@ struct PlanOptions {
   double params = 0, weight_bits = 0;
   int64_t layers = 0, kv_heads = 0, head_dim = 0, context = 8192, users = 0;
   bool json = false;
+  int tp = 1, pp = 1;
 };
 
 std::string human(double bytes) {
@@ -27,7 +28,30 @@ std::string human(double bytes) {
   return fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
+// Memory of each rank of the model split over --tp x --pp: its share of the weights (each share loaded
+// in turn, as that rank binds it) and of the KV cache.
+void print_ranks(const PlanOptions& o, const PlanInput& in) {
+  const std::string path = resolve_model_path(o.model);
+  fmt::print("\nper rank (--tp {} --pp {}):\n", o.tp, o.pp);
+  fmt::print("| rank | stage | tp rank | layers | heads | KV heads | weights | KV per token | KV per sequence | sequences that fit |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int r = 0; r < o.tp * o.pp; ++r) {
+    LoadOptions lo;
+    lo.tp = o.tp, lo.pp = o.pp, lo.tp_rank = r % o.tp, lo.stage = r / o.tp;
+    const auto m = Model::load(path, lo);
+    const ShardLayout& s = m->config().shard;
+    const uint64_t w = m->weights().weight_bytes;
+    const uint64_t kv_tok = uint64_t(m->config().local_kv_bytes_per_token(int64_t(in.kv_dtype_bytes)));
+    const uint64_t kv_seq = kv_tok * uint64_t(in.context);
+    const uint64_t fit = in.memory_bytes > w && kv_seq ? (in.memory_bytes - w) / kv_seq : 0;
+    fmt::print("| {} | {} | {} | {}-{} | {} | {} | {} | {} | {} | {} |\n", r, s.stage, s.tp_rank, s.layer_begin,
+               s.layer_end - 1, s.head_end - s.head_begin, s.kv_head_end - s.kv_head_begin, human(double(w)),
+               human(double(kv_tok)), human(double(kv_seq)), fit);
+  }
+}
+
 void run_plan(const PlanOptions& o) {
+  check(o.tp * o.pp == 1 || !o.model.empty(), "--tp / --pp need a model file (the shares are cut from its tensors)");
   PlanInput in;
   if (!o.model.empty()) {
     auto m = Model::load(resolve_model_path(o.model));
@@ -71,6 +95,7 @@ void run_plan(const PlanOptions& o) {
   if (in.users > 0)
     fmt::print("{} users:             {} of KV ({})\n", in.users, human(double(r.kv_bytes_for_users)),
                r.users_fit ? "fits" : "does not fit");
+  if (o.tp * o.pp > 1) print_ranks(o, in);
 }
 
 }  // namespace
@@ -90,6 +115,8 @@ void add_plan(CLI::App& app) {
   cmd->add_option("--kv-dtype", o->kv_dtype, "f16 (default), bf16, fp8, int8, f32");
   cmd->add_option("--users", o->users, "concurrent sequences to size for");
   cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->add_option("--tp", o->tp, "also show each rank's memory with the model split over this many TP ranks");
+  cmd->add_option("--pp", o->pp, "... and this many pipeline stages");
   cmd->callback([o] { run_plan(*o); });
 }
 

@@ -6,6 +6,7 @@
 #include "apps/commands.h"
 #include "base/cpu.h"
 #include "base/error.h"
+#include "dist/runtime.h"
 
 namespace serval::cli {
 
@@ -32,6 +33,17 @@ void set_threads(int n) { set_compute_threads(n); }
 
 }  // namespace serval::cli
 
+namespace {
+
+// After an error: prints it and ends the other ranks of a split model (they would wait forever).
+int report(const char* what) {
+  std::cerr << "error: " << what << "\n";
+  serval::dist::abort_others();
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Serval: an LLM inference server"};
   app.require_subcommand(1);
@@ -52,15 +64,14 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const serval::dist::WorkerExit&) {  // a rank > 0 of a split model, stopped by rank 0
   } catch (const serval::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
+    return report(e.what());
   } catch (const std::bad_alloc&) {
-    std::cerr << "error: out of memory\n";
-    return 1;
+    return report("out of memory");
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
+    return report(e.what());
   }
+  serval::dist::shutdown();
   return 0;
 }

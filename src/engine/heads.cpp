@@ -66,6 +66,7 @@ DecodingHeads DecodingHeads::create(const Model& target, int n_heads, std::vecto
 }
 
 void DecodingHeads::init_output(const Model& target) {
+  check(!target.config().shard.split(), "decoding heads need the whole model's output matrix (not with --tp / --pp)");
   const size_t d = size_t(n_embd);
   out.assign(vocab.size() * d, 0.0f);
   for (size_t v = 0; v < vocab.size(); ++v) get_row(target.weights().output, vocab[v], out.data() + v * d);

@@ -13,11 +13,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// This process's share of the model when LoadOptions split it.
+void set_shard(ModelConfig& c, const LoadOptions& o) {
+  if (o.tp * o.pp > 1) c.shard = make_shard_layout(c, o.tp, o.pp, o.tp_rank, o.stage);
+}
+
 class GgufModel : public Model {
  public:
   GgufModel(const std::string& path, const LoadOptions& options) : file_(path) {
     path_ = path;
     config_ = config_from_gguf(file_);
+    set_shard(config_, options);
     weights_ = bind_weights(config_, [this](const std::string& n) { return file_.find_tensor(n); }, path);
     Vocab vocab = options.tokenizer_json.empty() ? vocab_from_gguf(file_) : vocab_from_tokenizer_json(options.tokenizer_json);
     check(int64_t(vocab.tokens.size()) == config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", path,
@@ -56,6 +62,7 @@ class SafetensorsModel : public Model {
       : file_(weights_file.string()) {
     path_ = weights_file.string();
     config_ = config_from_hf((dir / "config.json").string());
+    set_shard(config_, options);
     auto lookup = [this](const std::string& n) -> const TensorRef* {
       const std::string name = hf_name(n);
       if (name.empty()) return nullptr;

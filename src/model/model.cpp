@@ -12,12 +12,14 @@
 namespace serval {
 
 KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
-    : n_slots_(std::move(n_slots)), kv_dim_(c.kv_dim()), type_(type), elem_bytes_(type == DType::F16 ? 2 : 4) {
+    : n_slots_(std::move(n_slots)), kv_dim_(c.local_kv_dim()), type_(type), elem_bytes_(type == DType::F16 ? 2 : 4),
+      record_copies_(c.shard.split() && c.shard.rank() == 0) {
   check(type == DType::F16 || type == DType::F32, "KV cache type must be f16 or f32");
   check(int(n_slots_.size()) == c.n_kv_groups(), "KV cache needs {} groups", c.n_kv_groups());
   for (int64_t il = 0; il < c.n_layer; ++il) {
     layer_group_.push_back(c.kv_group(il));
-    const size_t bytes = size_t(n_slots_[layer_group_.back()]) * kv_dim_ * elem_bytes_;
+    // Another pipeline stage's layers hold nothing here.
+    const size_t bytes = c.owns_layer(il) ? size_t(n_slots_[layer_group_.back()]) * kv_dim_ * elem_bytes_ : 0;
     k_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
     v_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
   }
@@ -47,9 +49,10 @@ void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v)
 void KvCache::copy_slot(int group, int32_t from, int32_t to) {
   check(group >= 0 && group < n_groups() && from >= 0 && to >= 0 && from < n_slots_[group] && to < n_slots_[group],
         "KV slot copy out of range");
+  if (record_copies_) copies_.push_back({group, from, to});
   const size_t row = size_t(kv_dim_) * elem_bytes_;
   for (size_t il = 0; il < layer_group_.size(); ++il) {
-    if (layer_group_[il] != group) continue;
+    if (layer_group_[il] != group || k_[il].bytes == 0) continue;
     std::memcpy(k_[il].data.get() + size_t(to) * row, k_[il].data.get() + size_t(from) * row, row);
     std::memcpy(v_[il].data.get() + size_t(to) * row, v_[il].data.get() + size_t(from) * row, row);
   }
@@ -121,13 +124,15 @@ void Model::apply_rope(float* vec, int64_t n_heads, const float* cs, const float
 }
 
 void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv,
-                            std::vector<float>& x) const {
+                            std::vector<float>& x, ShardIo* io) const {
   const auto& c = config_;
   const auto& L = weights_.layers[il];
   const int64_t n_tok = static_cast<int64_t>(batch.size()), half = c.d_head / 2;
   const bool swa = c.layer_is_swa[il];
   const int group = c.kv_group(il);
-  std::vector<float> h(n_tok * c.n_embd), q(n_tok * c.q_dim()), k(n_tok * c.kv_dim()), v(n_tok * c.kv_dim());
+  // This rank's heads (all of them unless the model is split over TP ranks).
+  const int64_t q_dim = L.wq.rows, kv_dim = L.wk.rows, n_head = q_dim / c.d_head, n_head_kv = kv_dim / c.d_head;
+  std::vector<float> h(n_tok * c.n_embd), q(n_tok * q_dim), k(n_tok * kv_dim), v(n_tok * kv_dim);
   rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
   const cpu::MatmulOut qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   cpu::matmul_many(qkv, h.data(), n_tok);
@@ -136,44 +141,47 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   add_bias(v.data(), L.bv, n_tok);
   const RopeTable& rope = ropes[swa ? 1 : 0];
   parallel_for(n_tok, [&](int64_t t) {
-    float* qt = q.data() + t * c.q_dim();
-    float* kt = k.data() + t * c.kv_dim();
+    float* qt = q.data() + t * q_dim;
+    float* kt = k.data() + t * kv_dim;
     if (c.qk_norm) {
-      for (int64_t hd = 0; hd < c.n_head; ++hd) rms_norm(qt + hd * c.d_head, L.q_norm.data(), qt + hd * c.d_head, c.d_head, c.norm_eps);
-      for (int64_t hd = 0; hd < c.n_head_kv; ++hd) rms_norm(kt + hd * c.d_head, L.k_norm.data(), kt + hd * c.d_head, c.d_head, c.norm_eps);
+      for (int64_t hd = 0; hd < n_head; ++hd) rms_norm(qt + hd * c.d_head, L.q_norm.data(), qt + hd * c.d_head, c.d_head, c.norm_eps);
+      for (int64_t hd = 0; hd < n_head_kv; ++hd) rms_norm(kt + hd * c.d_head, L.k_norm.data(), kt + hd * c.d_head, c.d_head, c.norm_eps);
     }
-    apply_rope(qt, c.n_head, rope.cs.data() + t * half, rope.sn.data() + t * half);
-    apply_rope(kt, c.n_head_kv, rope.cs.data() + t * half, rope.sn.data() + t * half);
-    kv.write(il, batch.slots[group][t], kt, v.data() + t * c.kv_dim());
+    apply_rope(qt, n_head, rope.cs.data() + t * half, rope.sn.data() + t * half);
+    apply_rope(kt, n_head_kv, rope.cs.data() + t * half, rope.sn.data() + t * half);
+    kv.write(il, batch.slots[group][t], kt, v.data() + t * kv_dim);
   });
-  std::vector<float> attn(n_tok * c.q_dim());
+  std::vector<float> attn(n_tok * q_dim);
   std::vector<AttentionQuery> queries(n_tok);
   for (int64_t t = 0; t < n_tok; ++t) {
     const int32_t pos = batch.positions[t];
     const int64_t first = swa ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
     const KvSpan keys{batch.block_tables[group][batch.seq_ids[t]], batch.block_size_of(batch.seq_ids[t]), first, pos};
-    queries[t] = {q.data() + t * c.q_dim(), keys, attn.data() + t * c.q_dim()};
+    queries[t] = {q.data() + t * q_dim, keys, attn.data() + t * q_dim};
   }
-  cpu::attention_batch({int(c.n_head), int(c.n_head_kv), int(c.d_head), c.attn_scale}, queries, kv.view(il));
+  cpu::attention_batch({int(n_head), int(n_head_kv), int(c.d_head), c.attn_scale}, queries, kv.view(il));
   std::vector<float> o(n_tok * c.n_embd);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
+  if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);  // row-parallel: partial sums
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
   add_rows(x.data(), o.data(), n_tok, c.n_embd);
 }
 
-void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const {
+void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo* io) const {
   const auto& c = config_;
   const auto& L = weights_.layers[il];
-  std::vector<float> h(n_tok * c.n_embd), gate(n_tok * c.n_ff), up(n_tok * c.n_ff), down(n_tok * c.n_embd);
+  const int64_t n_ff = L.w_gate.rows;  // this rank's FFN columns
+  std::vector<float> h(n_tok * c.n_embd), gate(n_tok * n_ff), up(n_tok * n_ff), down(n_tok * c.n_embd);
   rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
   const cpu::MatmulOut gate_up[] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
   cpu::matmul_many(gate_up, h.data(), n_tok);
   const auto act = c.ffn_act == FfnActivation::GeluTanh ? cpu::GluKind::GeluTanh : cpu::GluKind::Silu;
   parallel_for(n_tok, [&](int64_t t) {
-    float* g = gate.data() + t * c.n_ff;
-    cpu::glu(act, g, up.data() + t * c.n_ff, g, c.n_ff);
+    float* g = gate.data() + t * n_ff;
+    cpu::glu(act, g, up.data() + t * n_ff, g, n_ff);
   });
   cpu::matmul(L.w_down, gate.data(), down.data(), n_tok);
+  if (io && c.shard.tp > 1) io->tp_sum(down.data(), n_tok * c.n_embd);
   if (c.post_norms) rms_norm_rows(down.data(), L.post_ffn_norm, down.data(), n_tok, c.n_embd, c.norm_eps);
   add_rows(x.data(), down.data(), n_tok, c.n_embd);
 }
@@ -210,44 +218,105 @@ void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
 }
 
 void Model::forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden) const {
+  if (driver_) return driver_->forward(batch, kv, logits, hidden);
+  forward_shard(batch, kv, nullptr, logits, hidden);
+}
+
+namespace {
+
+// Tokens [t0, t1) of `b` (block tables whole).
+Batch token_range(const Batch& b, int64_t t0, int64_t t1) {
+  auto sub = [&](const auto& v) { return std::decay_t<decltype(v)>(v.begin() + t0, v.begin() + t1); };
+  Batch r(b.n_groups());
+  r.tokens = sub(b.tokens), r.positions = sub(b.positions), r.seq_ids = sub(b.seq_ids);
+  r.want_logits = sub(b.want_logits);
+  for (int g = 0; g < b.n_groups(); ++g) r.slots[size_t(g)] = sub(b.slots[size_t(g)]);
+  r.block_tables = b.block_tables;
+  r.block_size = b.block_size;
+  r.table_block_size = b.table_block_size;
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> Model::micro_batches(int64_t n_tok) const {
+  // At least 16 tokens each (the GEMM keeps its speed), at most two per stage (the fill and drain of
+  // the pipeline cost 1 / (n + 1) of a step with two stages).
+  const int64_t n = config_.shard.pp > 1 ? std::clamp<int64_t>(n_tok / 16, 1, 2 * config_.shard.pp) : 1;
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (int64_t i = 0; i < n; ++i) r.push_back({i * n_tok / n, (i + 1) * n_tok / n});
+  return r;
+}
+
+bool Model::forward_shard(const Batch& batch, KvCache& kv, ShardIo* io, std::vector<float>& logits,
+                          std::vector<float>* hidden) const {
+  check(io || !config_.shard.split(), "a split model needs its ranks (ShardIo)");
+  const auto parts = micro_batches(int64_t(batch.size()));
+  if (parts.size() == 1) return forward_rows(batch, kv, io, logits, hidden);
+  logits.clear();
+  if (hidden) hidden->clear();
+  std::vector<float> part_logits, part_hidden;
+  bool last = false;
+  for (const auto& [t0, t1] : parts) {
+    last = forward_rows(token_range(batch, t0, t1), kv, io, part_logits, hidden ? &part_hidden : nullptr);
+    logits.insert(logits.end(), part_logits.begin(), part_logits.end());
+    if (hidden) hidden->insert(hidden->end(), part_hidden.begin(), part_hidden.end());
+  }
+  return last;
+}
+
+bool Model::forward_rows(const Batch& batch, KvCache& kv, ShardIo* io, std::vector<float>& logits,
+                         std::vector<float>* hidden) const {
   const auto& c = config_;
   std::vector<float> local;
   std::vector<float>& out_rows = hidden ? *hidden : local;
-  final_rows(batch, kv, out_rows);
+  if (!final_rows(batch, kv, out_rows, io)) return false;
   const int64_t n_out = static_cast<int64_t>(out_rows.size()) / c.n_embd;
-  logits.resize(n_out * c.n_vocab);
+  logits.resize(n_out * weights_.output.rows);
   if (n_out > 0) cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
+  return true;
 }
 
 void Model::forward_hidden(const Batch& batch, KvCache& kv, std::vector<float>& hidden) const {
+  check(!config_.shard.split(), "hidden states only without --tp / --pp");
   final_rows(batch, kv, hidden);
 }
 
-void Model::final_rows(const Batch& batch, KvCache& kv, std::vector<float>& out_rows) const {
+bool Model::final_rows(const Batch& batch, KvCache& kv, std::vector<float>& out_rows, ShardIo* io) const {
   const auto& c = config_;
   const int64_t n_tok = static_cast<int64_t>(batch.size());
   check(n_tok > 0, "forward: empty batch");
   validate_batch(batch, kv);
   std::vector<float> x(n_tok * c.n_embd);
-  for (int64_t t = 0; t < n_tok; ++t) {
-    get_row(weights_.tok_embd, batch.tokens[t], x.data() + t * c.n_embd);
-    if (c.embd_scale != 1.0f)
-      for (int64_t i = 0; i < c.n_embd; ++i) x[t * c.n_embd + i] *= c.embd_scale;
+  if (c.shard.first_stage()) {
+    for (int64_t t = 0; t < n_tok; ++t) {
+      get_row(weights_.tok_embd, batch.tokens[t], x.data() + t * c.n_embd);
+      if (c.embd_scale != 1.0f)
+        for (int64_t i = 0; i < c.n_embd; ++i) x[t * c.n_embd + i] *= c.embd_scale;
+    }
+  } else {
+    io->recv_prev(x.data(), n_tok * c.n_embd);
   }
   RopeTable ropes[2];
   ropes[0] = rope_table(batch, false);
   if (std::find(c.layer_is_swa.begin(), c.layer_is_swa.end(), true) != c.layer_is_swa.end()) ropes[1] = rope_table(batch, true);
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    attention_block(il, batch, ropes, kv, x);
-    ffn_block(il, n_tok, x);
+    if (!c.owns_layer(il)) continue;
+    attention_block(il, batch, ropes, kv, x, io);
+    ffn_block(il, n_tok, x, io);
   }
   out_rows.clear();
+  if (!c.shard.last_stage()) {
+    io->send_next(x.data(), n_tok * c.n_embd);
+    return false;
+  }
   for (int64_t t = 0; t < n_tok; ++t) {
     if (!batch.want_logits[t]) continue;
     out_rows.resize(out_rows.size() + c.n_embd);
     rms_norm(x.data() + t * c.n_embd, weights_.output_norm.data(), out_rows.data() + out_rows.size() - c.n_embd,
              c.n_embd, c.norm_eps);
   }
+  return true;
 }
 
 }  // namespace serval

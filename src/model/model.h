@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -30,6 +31,11 @@ class KvCache {
   void write(int64_t layer, int32_t slot, const float* k, const float* v);
   // Copies K and V of slot `from` to slot `to` in every layer of KV group `group`.
   void copy_slot(int group, int32_t from, int32_t to);
+  // Slot copies since the last call, when this cache leads a split model (the other ranks replay them).
+  struct SlotCopy {
+    int32_t group, from, to;
+  };
+  std::vector<SlotCopy> take_copies() { return std::exchange(copies_, {}); }
   // The layer's pools for the attention kernel.
   KvLayerView view(int64_t layer) const;
   uint64_t bytes() const;
@@ -46,6 +52,8 @@ class KvCache {
     size_t bytes = 0;
   };
   std::vector<Pool> k_, v_;
+  bool record_copies_ = false;
+  std::vector<SlotCopy> copies_;
 };
 
 // One step's tokens from any number of sequences, each with its position and, per KV group, the
@@ -80,6 +88,27 @@ struct Batch {
 
 struct LoadOptions {
   std::string tokenizer_json;  // optional: override the tokenizer with a Hugging Face tokenizer.json
+  // Load only the share of TP rank `tp_rank` of pipeline stage `stage` (shard.h); 1 x 1: everything.
+  int tp = 1, pp = 1, tp_rank = 0, stage = 0;
+};
+
+// What a rank's share of the forward pass needs from the other ranks (dist/ implements it over a
+// communication layer; the model code knows nothing of MPI).
+class ShardIo {
+ public:
+  virtual ~ShardIo() = default;
+  // Sums x over the TP ranks of this stage, in rank order (the same bits on every rank).
+  virtual void tp_sum(float* x, int64_t n) = 0;
+  // The activations from the previous pipeline stage / to the next one.
+  virtual void recv_prev(float* x, int64_t n) = 0;
+  virtual void send_next(const float* x, int64_t n) = 0;
+};
+
+// Runs Model::forward of a split model on the leader rank (it sends the step to the other ranks).
+class ForwardDriver {
+ public:
+  virtual ~ForwardDriver() = default;
+  virtual void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden) = 0;
 };
 
 class Model {
@@ -98,6 +127,16 @@ class Model {
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden = nullptr) const;
   // Only the final hidden states of the want_logits rows (no output matrix: cheap for training heads).
   void forward_hidden(const Batch& batch, KvCache& kv, std::vector<float>& hidden) const;
+  // This rank's share of forward (config().shard): the first stage embeds the tokens, others receive
+  // the activations; its layers; the last stage's ranks return true with the output-normed rows in
+  // `hidden` (when given) and their rows of the logits [n_out, vocab_end - vocab_begin]; other stages
+  // send the activations on and return false. With `io` null the model must not be split. Over
+  // several stages a batch of enough tokens runs as micro-batches (micro_batches()), so that the
+  // stages overlap; every row's result is the same either way (batch invariance).
+  bool forward_shard(const Batch& batch, KvCache& kv, ShardIo* io, std::vector<float>& logits,
+                     std::vector<float>* hidden) const;
+  // Makes forward() go through `driver` (a split model's leader rank).
+  void set_driver(std::shared_ptr<ForwardDriver> driver) { driver_ = std::move(driver); }
 
  protected:
   Model() = default;
@@ -105,9 +144,14 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<ForwardDriver> driver_;
 
  private:
   void validate_batch(const Batch& batch, const KvCache& kv) const;
+  // The micro-batches a pipeline stage runs a batch of n_tok tokens in: [begin, end) token ranges.
+  std::vector<std::pair<int64_t, int64_t>> micro_batches(int64_t n_tok) const;
+  bool forward_rows(const Batch& batch, KvCache& kv, ShardIo* io, std::vector<float>& logits,
+                    std::vector<float>* hidden) const;
   // cos and sin of every rotary angle of every token of a batch ([token][d_head / 2]), for the global
   // layers (index 0) or the sliding-window ones (1): computed once per forward, not once per layer.
   struct RopeTable {
@@ -115,10 +159,12 @@ class Model {
   };
   RopeTable rope_table(const Batch& batch, bool swa_layer) const;
   void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
-  void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x) const;
-  void ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x) const;
-  // The layers over the batch, then the output norm of the want_logits rows into `rows`.
-  void final_rows(const Batch& batch, KvCache& kv, std::vector<float>& rows) const;
+  void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x,
+                       ShardIo* io) const;
+  void ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo* io) const;
+  // This rank's layers over the batch, then (last stage) the output norm of the want_logits rows into
+  // `rows`; false on other stages (the activations went to the next one).
+  bool final_rows(const Batch& batch, KvCache& kv, std::vector<float>& rows, ShardIo* io = nullptr) const;
 };
 
 }  // namespace serval

@@ -1,6 +1,8 @@
 #include "model/weights.h"
 
 #include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "tensor/dequant.h"
@@ -28,7 +30,6 @@ class Binder {
     const TensorRef* t = find(name, required);
     if (!t) return {};
     expect_shape(*t, {uint64_t(cols), uint64_t(rows)});
-    bytes_ += t->nbytes;
     return {t->type, rows, cols, t->data, row_bytes(t->type, cols)};
   }
 
@@ -48,44 +49,108 @@ class Binder {
   uint64_t& bytes_;
 };
 
+// Rows [r0, r1) of `m` (no copy).
+WeightMatrix rows_of(WeightMatrix m, int64_t r0, int64_t r1) {
+  m.data += r0 * int64_t(m.row_stride);
+  m.rows = r1 - r0;
+  return m;
+}
+
+// Columns [c0, c1) of `m` (no copy; the row stride stays): the cuts must fall on block boundaries.
+WeightMatrix cols_of(WeightMatrix m, int64_t c0, int64_t c1, const std::string& name) {
+  const auto& info = dtype_info(m.type);
+  const int64_t be = int64_t(info.block_elems);
+  check(c0 % be == 0 && (c1 == m.cols || c1 % be == 0),
+        "cannot split '{}' ({}) at columns {}..{} for --tp: not on {}-element block boundaries", name, info.name, c0,
+        c1, be);
+  m.data += c0 / be * int64_t(info.block_bytes);
+  m.cols = c1 - c0;
+  return m;
+}
+
+// After a matrix is repacked its bytes in the mapped file are not read again: the pages wholly inside
+// it are given back (a column slice shares every page of its rows with the other ranks' columns, so
+// without this a TP rank would keep the whole matrix resident). The mapping is read-only and
+// file-backed, so a page read again later is simply read from the file again.
+void release_file_pages(const WeightMatrix& m) {
+  if (m.empty() || (!m.packed && !m.packed_float)) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (uintptr_t(m.data) + page - 1) / page * page;
+  const uintptr_t end = (uintptr_t(m.data) + uintptr_t(m.rows - 1) * m.row_stride + row_bytes(m.type, m.cols)) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+uint64_t matrix_bytes(const WeightMatrix& m) { return m.empty() ? 0 : uint64_t(m.rows) * row_bytes(m.type, m.cols); }
+
+std::vector<float> slice(const std::vector<float>& v, int64_t begin, int64_t end) {
+  if (v.empty()) return v;
+  return std::vector<float>(v.begin() + begin, v.begin() + end);
+}
+
+// The attention weights of this rank's heads and its FFN columns (all of them without a split).
+void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
+  const std::string p = fmt::format("blk.{}.", il);
+  const ShardLayout& s = c.shard;
+  const bool split = s.split();
+  const int64_t d = c.d_head;
+  const int64_t q0 = split ? s.head_begin * d : 0, q1 = split ? s.head_end * d : c.q_dim();
+  const int64_t k0 = split ? s.kv_head_begin * d : 0, k1 = split ? s.kv_head_end * d : c.kv_dim();
+  L.attn_norm = b.vector(p + "attn_norm.weight", c.n_embd);
+  L.wq = rows_of(b.matrix(p + "attn_q.weight", c.q_dim(), c.n_embd), q0, q1);
+  L.wk = rows_of(b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd), k0, k1);
+  L.wv = rows_of(b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd), k0, k1);
+  L.wo = cols_of(b.matrix(p + "attn_output.weight", c.n_embd, c.q_dim()), q0, q1, p + "attn_output.weight");
+  const bool bias_required = c.arch == "qwen2";
+  L.bq = slice(b.vector(p + "attn_q.bias", c.q_dim(), bias_required), q0, q1);
+  L.bk = slice(b.vector(p + "attn_k.bias", c.kv_dim(), bias_required), k0, k1);
+  L.bv = slice(b.vector(p + "attn_v.bias", c.kv_dim(), bias_required), k0, k1);
+  if (c.qk_norm) {
+    L.q_norm = b.vector(p + "attn_q_norm.weight", c.d_head);
+    L.k_norm = b.vector(p + "attn_k_norm.weight", c.d_head);
+  }
+  if (c.post_norms) {
+    L.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.n_embd);
+    L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.n_embd);
+  }
+  L.ffn_norm = b.vector(p + "ffn_norm.weight", c.n_embd);
+  L.w_down = b.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
+  const auto [f0, f1] = split ? ffn_share(c.n_ff, int64_t(dtype_info(L.w_down.type).block_elems), s.tp, s.tp_rank)
+                              : std::pair<int64_t, int64_t>(0, c.n_ff);
+  L.w_down = cols_of(L.w_down, f0, f1, p + "ffn_down.weight");
+  L.w_gate = rows_of(b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd), f0, f1);
+  L.w_up = rows_of(b.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd), f0, f1);
+}
+
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, const std::string& source) {
   ModelWeights w;
   Binder b(lookup, source, w.weight_bytes);
+  const ShardLayout& s = c.shard;
   w.tok_embd = b.matrix("token_embd.weight", c.n_vocab, c.n_embd);
+  if (!s.split() || s.first_stage()) w.weight_bytes += matrix_bytes(w.tok_embd);
   w.output_norm = b.vector("output_norm.weight", c.n_embd);
   w.output = b.matrix("output.weight", c.n_vocab, c.n_embd, /*required=*/false);
+  if (!w.output.empty() && !s.split()) w.weight_bytes += matrix_bytes(w.output);
   if (w.output.empty()) w.output = w.tok_embd;
+  if (s.split()) {  // the last stage's TP ranks each compute their rows of the logits
+    w.output = s.last_stage() ? rows_of(w.output, s.vocab_begin, s.vocab_end) : WeightMatrix{};
+    w.weight_bytes += matrix_bytes(w.output);
+  }
   w.rope_freqs = b.vector("rope_freqs.weight", c.d_head / 2, /*required=*/false);
+  w.layers.resize(size_t(c.n_layer));
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    const std::string p = fmt::format("blk.{}.", il);
-    LayerWeights L;
-    L.attn_norm = b.vector(p + "attn_norm.weight", c.n_embd);
-    L.wq = b.matrix(p + "attn_q.weight", c.q_dim(), c.n_embd);
-    L.wk = b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd);
-    L.wv = b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd);
-    L.wo = b.matrix(p + "attn_output.weight", c.n_embd, c.q_dim());
-    const bool bias_required = c.arch == "qwen2";
-    L.bq = b.vector(p + "attn_q.bias", c.q_dim(), bias_required);
-    L.bk = b.vector(p + "attn_k.bias", c.kv_dim(), bias_required);
-    L.bv = b.vector(p + "attn_v.bias", c.kv_dim(), bias_required);
-    if (c.qk_norm) {
-      L.q_norm = b.vector(p + "attn_q_norm.weight", c.d_head);
-      L.k_norm = b.vector(p + "attn_k_norm.weight", c.d_head);
+    if (!c.owns_layer(il)) continue;  // another stage's: not bound, so its pages are never read
+    LayerWeights& L = w.layers[size_t(il)];
+    bind_layer(c, b, il, L);
+    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      w.weight_bytes += matrix_bytes(*m);
+      cpu::prepare_weights(*m);
+      if (s.split()) release_file_pages(*m);
     }
-    if (c.post_norms) {
-      L.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.n_embd);
-      L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.n_embd);
-    }
-    L.ffn_norm = b.vector(p + "ffn_norm.weight", c.n_embd);
-    L.w_gate = b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd);
-    L.w_up = b.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd);
-    L.w_down = b.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
-    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) cpu::prepare_weights(*m);
-    w.layers.push_back(std::move(L));
   }
   cpu::prepare_weights(w.output);  // the embedding itself stays as in the file (rows read by get_row)
+  if (s.split()) release_file_pages(w.output);
   return w;
 }
 

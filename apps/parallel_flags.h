@@ -1,0 +1,31 @@
+// `--tp T --pp P`: split the model over T x P ranks (mpirun -np T*P), or, without mpirun, over T x P
+// threads of one process that split their sums the same way (docs/scale-out.md). Shared by the
+// commands that load a model to run it.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "dist/runtime.h"
+
+namespace serval::cli {
+
+struct ParallelFlags {
+  int tp = 1, pp = 1;
+
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--tp", tp, "tensor-parallel ranks: attention heads and FFN columns split over them (default 1)");
+    cmd->add_option("--pp", pp, "pipeline-parallel stages: layers split over them (default 1); mpirun -np TP*PP");
+  }
+
+  // The model, or this rank's share of it. Under mpirun, ranks other than 0 serve rank 0 inside this
+  // call and then throw dist::WorkerExit (main ends them normally): call it before any output.
+  std::unique_ptr<Model> load(const std::string& path, const LoadOptions& options = {}) const {
+    return dist::load_model(path, options, tp, pp);
+  }
+
+  // True on MPI ranks > 0 of a split model: such a rank should call load() first thing (it never returns).
+  bool worker_rank() const { return dist::is_worker_rank(tp, pp); }
+};
+
+}  // namespace serval::cli
