@@ -8,6 +8,7 @@
 
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
+#include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "engine/engine_loop.h"
@@ -22,6 +23,7 @@ struct ServeOptions {
   ServerConfig server;
   EngineFlags engine{"0.25"};
   int threads = 0;
+  ParallelFlags parallel;  // --tp / --pp under mpirun
   KvEventsConfig kv_events;
   std::string kv_events_config;  // vLLM's --kv-events-config JSON
 };
@@ -48,6 +50,9 @@ void run_serve(ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   set_threads(o.threads);
   const std::string path = resolve_model_path(o.model);
+  // A rank > 0 of a split model serves rank 0's steps inside load() and never gets further (it must
+  // not bind the port); only rank 0 serves HTTP.
+  if (o.parallel.worker_rank()) o.parallel.load(path);
   if (o.server.served_model_name.empty()) {  // a cached name as given; a file without its .gguf
     std::string name = std::filesystem::path(o.model).filename().string();
     if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
@@ -60,7 +65,7 @@ void run_serve(ServeOptions& o) {
   HttpServer server(o.server);
   server.start();  // /health answers 503 while the model loads
   fmt::print(stderr, "serval: listening on {}://{}:{} (loading {})\n", scheme, o.server.host, server.port(), path);
-  auto model = Model::load(path);
+  auto model = o.parallel.load(path);
   o.engine.spec.load_heads(*model);
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
@@ -137,6 +142,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--metrics-names", s.metrics_names, "metric names in /metrics: serval (default) or vllm (also vLLM's vllm:... names, for routers)")
       ->check(CLI::IsMember({"serval", "vllm"}));
   add_kv_events_flags(cmd, *o);
+  o->parallel.add_to(cmd);
   cmd->callback([o] { run_serve(*o); });
 }
 

@@ -44,7 +44,8 @@ struct EngineStats {
 
 // How the KV cache is laid out, printed at start-up.
 struct KvCapacity {
-  int64_t bytes_per_token = 0;  // 2 x n_layers x n_kv_heads x d_head x dtype_bytes
+  int64_t bytes_per_token = 0;  // 2 x n_layers x n_kv_heads x d_head x dtype_bytes (of one rank when split)
+  int ranks = 1;                // ranks of a split model, each holding this much
   int32_t num_blocks = 0;       // per KV group
   int32_t block_size = 0;
   int64_t tokens = 0;           // num_blocks x block_size

@@ -143,3 +143,44 @@ def test_plan_shows_memory_per_rank():
     assert rows[0].split(" | ")[:6] == ["| 0", "0", "0", "0-11", "7", "1"]
     assert "3.00 KiB" in rows[0]  # 2 x 12 layers x 1 KV head x 64 x 2 bytes
     assert rows[3].split(" | ")[3] == "12-23"
+
+
+@needs_mpi
+def test_serve_split_over_ranks():
+    """`serve --tp 2` under mpirun: only rank 0 binds the port; its greedy completions are those of one
+    process that splits its sums the same way; SIGTERM to mpirun ends every rank."""
+    from server_util import Server, free_port
+    import urllib.request
+    body = {"prompt": PROMPTS["stories260K"], "max_tokens": 16, "temperature": 0}
+    alone = Server(MODELS / "stories260K.gguf", "-t", "1", "--tp", 2)  # the ranks as threads
+    try:
+        want = alone.post("/v1/completions", body)[1]["choices"][0]["text"]
+    finally:
+        alone.stop()
+    port = free_port()
+    proc = subprocess.Popen(mpirun_cmd(2, "serve", MODELS / "stories260K.gguf", "--port", port, "-t", 1, "--tp", 2,
+                                       "--kv-cache-memory", "64MiB"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if json.load(r)["status"] == "ok":
+                        break
+            except OSError:
+                assert time.time() < deadline, "the split server did not become ready"
+                time.sleep(0.3)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.load(r)["choices"][0]["text"] == want
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert "each of 2 ranks" in out, out  # the capacity line: the KV budget is per rank
