@@ -24,7 +24,47 @@ void put_string(std::vector<uint8_t>& b, const std::string& s) {
   b.insert(b.end(), s.begin(), s.end());
 }
 
+void put_scalar(std::vector<uint8_t>& b, GgufValueType t, int64_t i, double f) {
+  switch (t) {
+    case GgufValueType::UINT8: put<uint8_t>(b, uint8_t(i)); break;
+    case GgufValueType::INT8: put<int8_t>(b, int8_t(i)); break;
+    case GgufValueType::UINT16: put<uint16_t>(b, uint16_t(i)); break;
+    case GgufValueType::INT16: put<int16_t>(b, int16_t(i)); break;
+    case GgufValueType::UINT32: put<uint32_t>(b, uint32_t(i)); break;
+    case GgufValueType::INT32: put<int32_t>(b, int32_t(i)); break;
+    case GgufValueType::UINT64: put<uint64_t>(b, uint64_t(i)); break;
+    case GgufValueType::INT64: put<int64_t>(b, i); break;
+    case GgufValueType::BOOL: put<uint8_t>(b, i != 0); break;
+    case GgufValueType::FLOAT32: put<float>(b, float(f)); break;
+    case GgufValueType::FLOAT64: put<double>(b, f); break;
+    default: fail("internal: GGUF value type {} is not a scalar", uint32_t(t));
+  }
+}
+
+void put_array(std::vector<uint8_t>& b, const GgufArray& a) {
+  put<uint32_t>(b, uint32_t(a.elem_type));
+  put<uint64_t>(b, a.size());
+  if (a.elem_type == GgufValueType::STRING)
+    for (const auto& s : a.strings) put_string(b, s);
+  else if (a.elem_type == GgufValueType::FLOAT32 || a.elem_type == GgufValueType::FLOAT64)
+    for (double f : a.floats) put_scalar(b, a.elem_type, 0, f);
+  else
+    for (int64_t i : a.ints) put_scalar(b, a.elem_type, i, 0);
+}
+
 }  // namespace
+
+void GgufWriter::add_value(const std::string& key, const GgufValue& v) {
+  put_string(kv_, key);
+  put<uint32_t>(kv_, uint32_t(v.type));
+  ++n_kv_;
+  if (const auto* s = std::get_if<std::string>(&v.value)) return put_string(kv_, *s);
+  if (const auto* a = std::get_if<GgufArray>(&v.value)) return put_array(kv_, *a);
+  if (const auto* u = std::get_if<uint64_t>(&v.value)) return put<uint64_t>(kv_, *u);
+  if (const auto* f = std::get_if<double>(&v.value)) return put_scalar(kv_, v.type, 0, *f);
+  if (const auto* bl = std::get_if<bool>(&v.value)) return put<uint8_t>(kv_, *bl);
+  put_scalar(kv_, v.type, std::get<int64_t>(v.value), 0);
+}
 
 void GgufWriter::add_u32(const std::string& key, uint32_t value) {
   put_string(kv_, key), put(kv_, kTypeU32), put(kv_, value), ++n_kv_;

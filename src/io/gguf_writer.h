@@ -1,9 +1,11 @@
 // Writes GGUF version 3 files (metadata, then tensors aligned to 32 bytes), as the reader reads them.
-// Used for files Serval makes itself (decoding heads); F32 tensors.
+// Used for files Serval makes itself: decoding heads (F32 tensors) and `serval quantize` (any type).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "io/gguf.h"
 
 namespace serval {
 
@@ -12,15 +14,18 @@ class GgufWriter {
   void add_u32(const std::string& key, uint32_t value);
   void add_f32(const std::string& key, float value);
   void add_string(const std::string& key, const std::string& value);
+  // Any metadata value as read by GgufFile (the same type goes back out).
+  void add_value(const std::string& key, const GgufValue& value);
   // `ne` in GGUF order: ne[0] is the contiguous dimension.
   void add_f32_tensor(const std::string& name, std::vector<uint64_t> ne, const float* data);
+  // A tensor of GGUF type number `type` whose `bytes` bytes are at `data`.
+  void add_tensor(const std::string& name, const std::vector<uint64_t>& ne, uint32_t type, const void* data, size_t bytes);
   // Writes the file (through a temporary, renamed on success); throws Error.
   void write(const std::string& path) const;
 
  private:
   std::vector<uint8_t> kv_, infos_, data_;
   uint64_t n_kv_ = 0, n_tensors_ = 0;
-  void add_tensor(const std::string& name, const std::vector<uint64_t>& ne, uint32_t type, const void* data, size_t bytes);
 };
 
 }  // namespace serval

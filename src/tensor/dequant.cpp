@@ -122,9 +122,15 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, size_t n) {
     return;
   }
   Block32 blk;
+  // As ggml: q * d for the symmetric types (no "+ 0", which would turn -0 into +0), q * d + m for
+  // the types with a minimum.
+  const bool has_min = type == DType::Q4_1 || type == DType::Q5_1;
   for (size_t i = 0; i < n_blocks; ++i, dst += 32) {
     unpack_block32(type, src + i * info.block_bytes, blk);
-    for (int j = 0; j < 32; ++j) dst[j] = float(blk.q[j]) * blk.d + blk.m;
+    if (has_min)
+      for (int j = 0; j < 32; ++j) dst[j] = float(blk.q[j]) * blk.d + blk.m;
+    else
+      for (int j = 0; j < 32; ++j) dst[j] = float(blk.q[j]) * blk.d;
   }
 }
 

@@ -1,0 +1,19 @@
+// Float rows to GGUF tensor types, as llama.cpp's reference quantizers write them (the bytes of
+// `llama-quantize` without an importance matrix): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "io/ggml_types.h"
+
+namespace serval {
+
+// Whether quantize_row can write `type`.
+bool can_quantize_to(DType type);
+// Writes `n` elements of `x` (a multiple of the type's block size) as `type` into `out`
+// (row_bytes(type, n) bytes); throws Error for a type can_quantize_to refuses.
+void quantize_row(DType type, const float* x, uint8_t* out, size_t n);
+// Float to bfloat16, round to nearest even; NaN stays a (quiet) NaN.
+uint16_t f32_to_bf16(float f);
+
+}  // namespace serval

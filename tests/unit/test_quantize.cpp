@@ -1,0 +1,105 @@
+// Float rows to each writable type, checked through the scalar dequantizer (tensor/dequant.h): every
+// value comes back within half a quantization step of its block (math), zero blocks stay zero, and
+// the symmetric types keep ggml's signed zeros.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/dequant.h"
+#include "tensor/quantize.h"
+
+namespace serval {
+namespace {
+
+std::vector<float> random_row(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = g(rng) * (rng() % 4 == 0 ? 10.0f : 0.1f);
+  for (size_t i = 0; i < 32; ++i) x[i] = 0;        // an all-zero block
+  for (size_t i = 32; i < 64; ++i) x[i] = 0.25f;   // a constant block
+  return x;
+}
+
+std::vector<float> round_trip(DType t, const std::vector<float>& x) {
+  std::vector<uint8_t> q(row_bytes(t, x.size()));
+  quantize_row(t, x.data(), q.data(), x.size());
+  std::vector<float> y(x.size());
+  dequantize_row(t, q.data(), y.data(), x.size());
+  return y;
+}
+
+// Half a step of the block's grid: range / (levels - 1) / 2, with F16 scales' rounding allowed for. Q4_0
+// and Q5_0 put the block's largest magnitude on level -8 (-16) and cap the other side at +7 (+15):
+// a value there of the opposite sign can be a whole step off.
+double tolerance(DType t, const float* x) {
+  float lo = x[0], hi = x[0], amax = 0;
+  for (int j = 0; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]), amax = std::max(amax, std::fabs(x[j]));
+  double step = 0;
+  switch (t) {
+    case DType::Q8_0: step = amax / 127.0; break;
+    case DType::Q4_0: step = amax / 8.0; break;
+    case DType::Q5_0: step = amax / 16.0; break;
+    case DType::Q4_1: step = (hi - lo) / 15.0; break;
+    case DType::Q5_1: step = (hi - lo) / 31.0; break;
+    default: break;
+  }
+  const double steps = t == DType::Q4_0 || t == DType::Q5_0 ? 1.0 : 0.5;
+  return steps * step * 1.002 + 1e-3 * amax + 1e-7;
+}
+
+TEST(Quantize, EveryTypeComesBackWithinItsStep) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
+    SCOPED_TRACE(std::string(dtype_info(t).name));
+    const auto x = random_row(32 * 40, 7);
+    const auto y = round_trip(t, x);
+    for (size_t b = 0; b < x.size() / 32; ++b) {
+      const double tol = tolerance(t, x.data() + b * 32);
+      for (size_t j = b * 32; j < (b + 1) * 32; ++j) ASSERT_LE(std::fabs(double(x[j]) - y[j]), tol) << "element " << j;
+    }
+    for (size_t j = 0; j < 32; ++j) EXPECT_EQ(y[j], 0.0f) << "a zero block stays zero";
+  }
+}
+
+TEST(Quantize, FloatTypesRoundToNearestEven) {
+  const std::vector<float> x = {1.0f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, -2.5e-8f, 65504.0f, 1e-3f, NAN, -0.0f};
+  std::vector<uint8_t> h(x.size() * 2);
+  quantize_row(DType::F16, x.data(), h.data(), x.size());
+  std::vector<float> back(x.size());
+  dequantize_row(DType::F16, h.data(), back.data(), x.size());
+  EXPECT_EQ(back[1], 1.0f) << "a tie goes to the even neighbour";
+  EXPECT_EQ(back[2], 1.0f + 2.0f / 1024);
+  EXPECT_EQ(back[4], 65504.0f);
+  EXPECT_TRUE(std::isnan(back[6]));
+  EXPECT_TRUE(std::signbit(back[7]));
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), 0x3f80) << "tie to even";
+  EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(f32_to_bf16(NAN) & 0x7fc0, 0x7fc0) << "NaN stays a quiet NaN";
+}
+
+TEST(Quantize, SymmetricTypesKeepSignedZeros) {
+  // A block whose largest magnitude is positive has a negative scale (d = max / -8): a value that
+  // quantizes to the middle level comes back as -0, as ggml's q * d gives.
+  std::vector<float> x(32, 0.0f);
+  x[0] = 8.0f;
+  const auto y = round_trip(DType::Q4_0, x);
+  EXPECT_EQ(y[0], 8.0f);
+  EXPECT_TRUE(std::signbit(y[1]));
+}
+
+TEST(Quantize, RefusesWhatItCannotWrite) {
+  std::vector<float> x(256, 1.0f);
+  std::vector<uint8_t> out(1024);
+  EXPECT_FALSE(can_quantize_to(DType::Q4_K));
+  EXPECT_THROW(quantize_row(DType::Q4_K, x.data(), out.data(), 256), Error);
+  EXPECT_THROW(quantize_row(DType::Q8_0, x.data(), out.data(), 40), Error) << "not whole blocks";
+}
+
+}  // namespace
+}  // namespace serval
