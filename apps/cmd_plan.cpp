@@ -2,6 +2,9 @@
 // a preset or hyperparameters given as flags.
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
@@ -50,8 +53,27 @@ void print_ranks(const PlanOptions& o, const PlanInput& in) {
   }
 }
 
+// The same for a model given by its shape only (a preset or flags): every rank an even share of the
+// weights (layers over the stages, then over the TP ranks), KV heads split over the TP ranks (each
+// rank keeps one when there are fewer KV heads than ranks), layers over the stages as a file's are.
+void print_ranks_estimated(const PlanOptions& o, const PlanInput& in, const PlanResult& r) {
+  fmt::print("\nper rank (--tp {} --pp {}; estimated from the shape: no file):\n", o.tp, o.pp);
+  fmt::print("| stage | layers | weights per rank | KV heads per rank | KV per token | KV per sequence | sequences that fit |\n"
+             "|---|---|---|---|---|---|---|\n");
+  const int64_t kv_heads = std::max<int64_t>(1, in.n_kv_heads / o.tp);
+  for (int stage = 0; stage < o.pp; ++stage) {
+    const int64_t first = stage * in.n_layers / o.pp, end = (stage + 1) * in.n_layers / o.pp;
+    const double w = double(r.weight_bytes) * double(end - first) / double(in.n_layers) / o.tp;
+    const uint64_t kv_tok = uint64_t(std::llround(2.0 * double(end - first) * double(kv_heads * in.d_head) * in.kv_dtype_bytes));
+    const uint64_t kv_seq = kv_tok * uint64_t(in.context);
+    const uint64_t fit = double(in.memory_bytes) > w && kv_seq ? uint64_t((double(in.memory_bytes) - w) / double(kv_seq)) : 0;
+    fmt::print("| {} | {}-{} | {} | {} | {} | {} | {} |\n", stage, first, end - 1, human(w), kv_heads, human(double(kv_tok)),
+               human(double(kv_seq)), fit);
+  }
+}
+
 void run_plan(const PlanOptions& o) {
-  check(o.tp * o.pp == 1 || !o.model.empty(), "--tp / --pp need a model file (the shares are cut from its tensors)");
+  check(o.tp >= 1 && o.pp >= 1, "--tp and --pp must be at least 1");
   PlanInput in;
   if (!o.model.empty()) {
     auto m = Model::load(resolve_model_path(o.model));
@@ -95,7 +117,8 @@ void run_plan(const PlanOptions& o) {
   if (in.users > 0)
     fmt::print("{} users:             {} of KV ({})\n", in.users, human(double(r.kv_bytes_for_users)),
                r.users_fit ? "fits" : "does not fit");
-  if (o.tp * o.pp > 1) print_ranks(o, in);
+  if (o.tp * o.pp > 1 && !o.model.empty()) print_ranks(o, in);
+  else if (o.tp * o.pp > 1) print_ranks_estimated(o, in, r);
 }
 
 }  // namespace

@@ -184,3 +184,15 @@ def test_serve_split_over_ranks():
             proc.kill()
             raise
     assert "each of 2 ranks" in out, out  # the capacity line: the KV budget is per rank
+
+
+def test_plan_per_rank_from_a_preset():
+    """No file: even shares. Llama 3 70B at 32K, F16 KV, --tp 4: 80 layers x 2 of 8 KV heads x 128 x 2 x 2 bytes =
+    80 KiB per token, 2.5 GiB per sequence; a quarter of the weights per rank."""
+    out = run("plan", "--preset", "llama3-70b", "--weight-bits", 16, "-c", 32768, "--memory", "141GiB", "--tp", 4).stdout
+    row = [line for line in out.splitlines() if line.startswith("| 0 |")][0].split("|")
+    assert row[2].strip() == "0-79" and row[4].strip() == "2"
+    assert row[5].strip() == "80.00 KiB" and row[6].strip() == "2.50 GiB"
+    assert row[3].strip() == "32.88 GiB"  # 70.6e9 x 2 bytes / 4
+    assert int(row[7]) == int((141 * 2**30 - 70.6e9 * 2 / 4) // (2.5 * 2**30))
+    assert "need a model file" not in out
