@@ -127,10 +127,10 @@ void random_workload(std::vector<int32_t> blocks_per_group, std::vector<int64_t>
       check_index("allocate", step);
     } else if (op < 8 && !live.empty()) {  // compute some tokens, maybe generate one
       Live& l = live[rng() % live.size()];
-      if (l.computed == int64_t(l.tokens.size())) {
+      if (l.computed == int64_t(l.tokens.size())) {  // a generated token: its block first
+        if (!m.can_allocate(&l.alloc, nullptr, int64_t(l.tokens.size()) + 1)) continue;
+        m.grow(l.alloc, int64_t(l.tokens.size()) + 1);
         l.tokens.push_back(int32_t(rng() % 50));
-        if (!m.can_allocate(&l.alloc, nullptr, int64_t(l.tokens.size()))) continue;
-        m.grow(l.alloc, int64_t(l.tokens.size()));
       }
       l.computed = std::min<int64_t>(int64_t(l.tokens.size()), l.computed + 1 + rng() % 6);
       m.hash_blocks(l.tokens, l.chain);
