@@ -19,9 +19,10 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model, *args, name=None, cafile=None, kv_memory="256MiB"):
-        """`cafile`: the server speaks HTTPS with a certificate that this CA file trusts."""
-        self.port = free_port()
+    def __init__(self, model, *args, name=None, cafile=None, kv_memory="256MiB", port=None):
+        """`cafile`: the server speaks HTTPS with a certificate that this CA file trusts; `port`: this one
+        (a restarted server at its old address) instead of a free one."""
+        self.port = port or free_port()
         self.url = f"{'https' if cafile else 'http'}://127.0.0.1:{self.port}"
         self.ssl = ssl.create_default_context(cafile=str(cafile)) if cafile else None
         cmd = [str(SERVAL), "serve", str(model), "--port", str(self.port), "--kv-cache-memory", kv_memory, *map(str, args)]

@@ -2,7 +2,8 @@
 (`smg`, PyPI), the reference deployment of docs/scale-out.md. A shared-prefix workload gets a clearly
 higher prefix-cache hit rate with `cache_aware` than with `round_robin` (read from the workers' own
 /metrics, under vLLM's names with --metrics-names vllm); `kill -9` of one worker mid-load loses only
-requests that worker held, and the router routes around it afterwards."""
+requests that worker held, the router routes around it afterwards, and the worker restarted at its
+address rejoins."""
 import concurrent.futures
 import random
 import re
@@ -128,6 +129,13 @@ def test_killed_worker_loses_only_its_requests(workers):
         time.sleep(3)  # the router's health check (every second) marks the worker down
         after = [ask(100 + i) for i in range(6)]
         assert after == ["length"] * 6, after
+        # The worker restarts at its address and rejoins: the router sends it requests again.
+        workers[1] = Server(STORIES, "--metrics-names", "vllm", "--max-model-len", 512, port=victim.port)
+        deadline = time.time() + 30
+        while workers[1].metric("vllm:request_success_total") == 0:
+            assert time.time() < deadline, "the restarted worker got no request from the router"
+            assert ask(200) == "length"
+        assert [ask(300 + i) for i in range(6)] == ["length"] * 6
     finally:
         router.stop()
 
