@@ -13,11 +13,13 @@
 //   - decode(encode(s)) == s without special-token parsing, and decode(encode(s, parse_special),
 //     render_special) == s, for every vocabulary that can spell any byte (byte-level BPE, or all 256
 //     <0xXX> byte tokens), on valid UTF-8 text (for SentencePiece-style vocabularies, text without
-//     U+2581, which stands for a space there);
+//     U+2581, which stands for a space there; for byte-level BPE, text whose every byte's character
+//     is a token: a byte without one is dropped, as llama.cpp drops it);
 //   - streaming decode (Utf8StreamDecoder over token_to_piece) only ever emits valid UTF-8, and for
 //     valid text gives the pieces joined;
 //   - decode and token_to_piece of arbitrary ids (also out of range) do not crash.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +44,9 @@ struct Entry {
   std::string name;
   std::unique_ptr<serval::Tokenizer> tok;
   bool spells_every_byte = false;
+  // Byte-level BPE: the bytes whose character is a token. A byte without one is dropped, as llama.cpp
+  // drops it (StarCoder's vocabulary has no token for 0xF1, which starts code points U+40000-U+7FFFF).
+  std::array<bool, 256> spelled{};
 };
 std::vector<Entry> vocabs;
 
@@ -49,7 +54,9 @@ void add(std::string name, serval::Vocab v) {
   Entry e;
   e.name = std::move(name);
   e.tok = std::make_unique<serval::Tokenizer>(std::move(v));
-  bool all = e.tok->vocab().kind == serval::TokenizerKind::ByteLevelBpe;
+  const bool byte_level = e.tok->vocab().kind == serval::TokenizerKind::ByteLevelBpe;
+  bool all = byte_level;
+  for (int b = 0; b < 256 && byte_level; ++b) e.spelled[size_t(b)] = e.tok->find(serval::byte_to_unicode(uint8_t(b))) >= 0;
   if (!all) {
     all = true;
     char buf[8];
@@ -130,7 +137,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   const bool valid = valid_utf8(text);
   // SentencePiece writes spaces as U+2581, so a U+2581 in the text comes back as a space.
-  const bool round_trips = e.spells_every_byte && valid &&
+  const bool bytes_spelled = std::all_of(text.begin(), text.end(), [&](char c) {
+    return tok.vocab().kind != serval::TokenizerKind::ByteLevelBpe || e.spelled[uint8_t(c)];
+  });
+  const bool round_trips = e.spells_every_byte && bytes_spelled && valid &&
                            (tok.vocab().kind == serval::TokenizerKind::ByteLevelBpe ||
                             text.find("\xE2\x96\x81") == std::string_view::npos);
   const std::string ctx = e.name + ": '" + show(text) + "'";
