@@ -71,9 +71,9 @@ void block_affine(const float* x, uint8_t* out, int bits) {
   uint8_t* qs = out + (bits == 5 ? 8 : 4);
   uint32_t qh = 0;
   for (size_t j = 0; j < kQk / 2; ++j) {
-    const float x0 = (x[j] - lo) * id, x1 = (x[kQk / 2 + j] - lo) * id;
-    uint8_t q0 = uint8_t(x0 + 0.5f), q1 = uint8_t(x1 + 0.5f);
-    if (bits == 4) q0 = std::min<uint8_t>(15, uint8_t(int8_t(x0 + 0.5f))), q1 = std::min<uint8_t>(15, uint8_t(int8_t(x1 + 0.5f)));
+    // Q4_1 caps at 15 (as ggml; values are in [0, 15.5] here, so the cap only meets rounding at the top).
+    uint8_t q0 = uint8_t((x[j] - lo) * id + 0.5f), q1 = uint8_t((x[kQk / 2 + j] - lo) * id + 0.5f);
+    if (bits == 4) q0 = std::min<uint8_t>(15, q0), q1 = std::min<uint8_t>(15, q1);
     qs[j] = uint8_t((q0 & 0x0f) | (q1 & 0x0f) << 4);
     qh |= uint32_t(q0 >> 4 & 1) << j | uint32_t(q1 >> 4 & 1) << (j + kQk / 2);
   }
