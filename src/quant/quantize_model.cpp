@@ -20,17 +20,23 @@ struct KnownFileType {
   const char* name;
   uint32_t id;
   DType type;
-  bool supported;
 };
 
-// llama.cpp's file types (llama_ftype numbers); the unsupported ones are named in errors.
+// llama.cpp's file types that Serval writes (llama_ftype numbers); "Q3_K", "Q4_K" and "Q5_K" are
+// llama-quantize's aliases for the _M mixtures.
 constexpr KnownFileType kFileTypes[] = {
-    {"F32", 0, DType::F32, true},     {"F16", 1, DType::F16, true},     {"Q4_0", 2, DType::Q4_0, true},
-    {"Q4_1", 3, DType::Q4_1, true},   {"Q8_0", 7, DType::Q8_0, true},   {"Q5_0", 8, DType::Q5_0, true},
-    {"Q5_1", 9, DType::Q5_1, true},   {"BF16", 32, DType::BF16, true},  {"Q2_K", 10, DType::Q2_K, false},
-    {"Q3_K_S", 11, DType::Q3_K, false}, {"Q3_K_M", 12, DType::Q3_K, false}, {"Q3_K_L", 13, DType::Q3_K, false},
-    {"Q4_K_S", 14, DType::Q4_K, false}, {"Q4_K_M", 15, DType::Q4_K, false}, {"Q5_K_S", 16, DType::Q5_K, false},
-    {"Q5_K_M", 17, DType::Q5_K, false}, {"Q6_K", 18, DType::Q6_K, false},  {"IQ4_NL", 25, DType::F32, false},
+    {"F32", 0, DType::F32},       {"F16", 1, DType::F16},       {"Q4_0", 2, DType::Q4_0},
+    {"Q4_1", 3, DType::Q4_1},     {"Q8_0", 7, DType::Q8_0},     {"Q5_0", 8, DType::Q5_0},
+    {"Q5_1", 9, DType::Q5_1},     {"Q2_K", 10, DType::Q2_K},    {"Q3_K_S", 11, DType::Q3_K},
+    {"Q3_K_M", 12, DType::Q3_K},  {"Q3_K_L", 13, DType::Q3_K},  {"Q4_K_S", 14, DType::Q4_K},
+    {"Q4_K_M", 15, DType::Q4_K},  {"Q5_K_S", 16, DType::Q5_K},  {"Q5_K_M", 17, DType::Q5_K},
+    {"Q6_K", 18, DType::Q6_K},    {"IQ4_NL", 25, DType::IQ4_NL}, {"BF16", 32, DType::BF16},
+};
+constexpr std::pair<const char*, const char*> kAliases[] = {{"Q3_K", "Q3_K_M"}, {"Q4_K", "Q4_K_M"}, {"Q5_K", "Q5_K_M"}};
+
+// llama_ftype numbers the mixture rules test.
+enum Ftype : uint32_t {
+  kQ2K = 10, kQ3KS = 11, kQ3KM = 12, kQ3KL = 13, kQ4KS = 14, kQ4KM = 15, kQ5KS = 16, kQ5KM = 17, kIQ4NL = 25,
 };
 
 std::string upper(std::string s) {
@@ -41,11 +47,15 @@ std::string upper(std::string s) {
 bool is_quantized(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
 int64_t block_elems(DType t) { return int64_t(dtype_info(t).block_elems); }
 
+int layer_of(const std::string& name) {
+  int layer = -1;
+  std::sscanf(name.c_str(), "blk.%d.", &layer);
+  return layer;
+}
+
 // llama.cpp's order: tensors outside the blocks first, then block by block, by name within each.
 bool weight_order(const std::string& a, const std::string& b) {
-  int la = -1, lb = -1;
-  std::sscanf(a.c_str(), "blk.%d.", &la);
-  std::sscanf(b.c_str(), "blk.%d.", &lb);
+  const int la = layer_of(a), lb = layer_of(b);
   return la != lb ? la < lb : a < b;
 }
 
@@ -66,11 +76,119 @@ bool quantizable(const TensorRef& t, const QuantizeOptions& o) {
   return std::none_of(std::begin(kKept), std::end(kKept), [&](const char* k) { return contains(t.name, k); });
 }
 
-// A type whose blocks do not divide the rows falls back as llama.cpp's does (k-quants to the 32-element
-// types, those to F16); other types cannot.
+// An integer hyperparameter, or the first element of a per-layer array; `fallback` when absent.
+int64_t hparam(const GgufFile& in, const std::string& key, int64_t fallback) {
+  const auto it = in.metadata().find(key);
+  if (it == in.metadata().end()) return fallback;
+  if (const auto* arr = std::get_if<GgufArray>(&it->second.value)) return arr->ints.empty() ? fallback : arr->ints[0];
+  return in.get_int(key);
+}
+
+// What llama.cpp's mixture rules (llama_tensor_get_type) read of the model, and their counters, which
+// advance in the order the tensors are written.
+struct Mixture {
+  uint32_t ftype = 0;
+  std::string arch;
+  int n_layer = 0, n_expert = 0, n_gqa = 1;
+  bool is_70b = false, has_output = false;
+  int n_attention_wv = 0, i_attention_wv = 0, i_ffn_down = 0;
+
+  static Mixture of(const GgufFile& in, uint32_t ftype) {
+    Mixture m;
+    m.ftype = ftype;
+    m.arch = in.find_string("general.architecture").value_or("");
+    const std::string p = m.arch + ".";
+    m.n_layer = int(hparam(in, p + "block_count", 0));
+    m.n_expert = int(hparam(in, p + "expert_count", 0));
+    const int64_t n_head = hparam(in, p + "attention.head_count", 1);
+    const int64_t n_head_kv = hparam(in, p + "attention.head_count_kv", n_head);
+    m.n_gqa = n_head_kv > 0 ? int(n_head / n_head_kv) : 0;
+    m.is_70b = m.n_layer == 80 && (m.arch == "qwen2" || m.arch == "deci" || m.arch == "olmo" ||
+                                   (m.arch == "llama" && m.n_expert != 8 && n_head != n_head_kv));
+    for (const auto& t : in.tensors()) {
+      if (contains(t.name, "attn_v.weight") || contains(t.name, "attn_qkv.weight") || contains(t.name, "attn_kv_b.weight"))
+        ++m.n_attention_wv;
+      else if (t.name == "output.weight")
+        m.has_output = true;
+    }
+    return m;
+  }
+  bool falcon() const { return arch == "falcon"; }
+  // Layers llama.cpp gives more bits: the first and last eighth, and every third in between.
+  static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+};
+
+DType output_type(const TensorRef& t, DType def) {
+  if (int64_t(t.ne[0]) % block_elems(def) != 0) return DType::Q8_0;
+  return def != DType::Q8_0 ? DType::Q6_K : def;
+}
+
+DType attn_v_type(Mixture& m, DType def) {
+  const int i = m.i_attention_wv++;
+  DType to = def;
+  switch (m.ftype) {
+    case kQ2K: to = m.n_gqa >= 4 ? DType::Q4_K : DType::Q3_K; break;
+    case kQ3KM: to = i < 2 ? DType::Q5_K : DType::Q4_K; break;
+    case kQ3KL: to = DType::Q5_K; break;
+    case kIQ4NL: if (m.n_gqa >= 4) to = DType::Q5_K; break;
+    case kQ4KM: case kQ5KM: if (Mixture::more_bits(i, m.n_attention_wv)) to = DType::Q6_K; break;
+    case kQ4KS: if (i < 4) to = DType::Q5_K; break;
+    default: break;
+  }
+  if (m.is_70b && (to == DType::Q3_K || to == DType::Q4_K)) to = DType::Q5_K;
+  return m.n_expert == 8 ? DType::Q8_0 : to;
+}
+
+DType ffn_down_type(Mixture& m, const std::string& name, DType def) {
+  int i = m.i_ffn_down++;
+  const int n = m.n_layer;
+  if (m.n_expert > 1) {  // experts' tensors are not in layer order: take the layer from the name
+    i = layer_of(name);
+    check(i >= 0 && i < n, "{}: cannot tell its layer (0..{})", name, n - 1);
+  }
+  switch (m.ftype) {
+    case kQ2K: return DType::Q3_K;
+    case kQ3KM: return i < n / 16 ? DType::Q5_K : !m.falcon() || Mixture::more_bits(i, n) ? DType::Q4_K : DType::Q3_K;
+    case kQ3KL: return m.falcon() ? DType::Q4_K : DType::Q5_K;
+    case kQ4KM:
+      if (m.falcon()) return i < n / 16 ? DType::Q6_K : Mixture::more_bits(i, n) ? DType::Q5_K : DType::Q4_K;
+      return Mixture::more_bits(i, n) ? DType::Q6_K : def;
+    case kIQ4NL: return i < n / 8 ? DType::Q5_K : def;
+    case kQ5KM: return Mixture::more_bits(i, n) ? DType::Q6_K : def;
+    case kQ4KS: return !m.falcon() && i < n / 8 ? DType::Q5_K : def;
+    default: return def;
+  }
+}
+
+DType attn_output_type(const Mixture& m, DType def) {
+  if (m.falcon()) return m.ftype == kQ3KL ? DType::Q4_K : def;
+  if (m.n_expert == 8) {
+    static constexpr uint32_t kBumped[] = {kQ2K, kQ3KS, kQ3KM, kIQ4NL, kQ4KS, kQ4KM};
+    return std::find(std::begin(kBumped), std::end(kBumped), m.ftype) != std::end(kBumped) ? DType::Q5_K : def;
+  }
+  switch (m.ftype) {
+    case kQ2K: return DType::Q3_K;
+    case kQ3KM: return DType::Q4_K;
+    case kQ3KL: return DType::Q5_K;
+    default: return def;
+  }
+}
+
+DType attn_qkv_type(const Mixture& m, DType def) {
+  switch (m.ftype) {
+    case kQ3KM: case kQ3KL: return DType::Q4_K;
+    case kQ4KM: return DType::Q5_K;
+    case kQ5KM: return DType::Q6_K;
+    default: return def;
+  }
+}
+
+// A type whose blocks do not divide the rows falls back as llama.cpp's does; F16 when even the
+// fallback does not fit.
 DType fallback(DType t, const std::string& name, int64_t cols) {
   DType f;
   switch (t) {
+    case DType::Q2_K: case DType::Q3_K: f = DType::IQ4_NL; break;
     case DType::Q4_K: f = DType::Q5_0; break;
     case DType::Q5_K: f = DType::Q5_1; break;
     case DType::Q6_K: f = DType::Q8_0; break;
@@ -79,56 +197,65 @@ DType fallback(DType t, const std::string& name, int64_t cols) {
   return cols % block_elems(f) == 0 ? f : DType::F16;
 }
 
-// llama.cpp's choice for one tensor (llama_tensor_get_type) for the file types Serval writes: the
-// output matrix (or a tied embedding) gets Q6_K unless the file type is Q8_0 or its rows do not take
-// the default type; then blocks that do not divide the rows fall back.
-DType tensor_type(const TensorRef& t, DType def, bool has_output, const QuantizeOptions& o) {
-  const int64_t cols = int64_t(t.ne[0]);
+// llama.cpp's choice for one tensor (llama_tensor_get_type) for the file types Serval writes.
+DType tensor_type(Mixture& m, const TensorRef& t, DType def, const QuantizeOptions& o) {
+  const std::string& name = t.name;
   DType to = def;
-  if (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight")) {
-    if (o.output_tensor_type) to = *o.output_tensor_type;
-    else if (cols % block_elems(def) != 0) to = DType::Q8_0;
-    else if (def != DType::Q8_0) to = DType::Q6_K;
-  } else if (t.name == "token_embd.weight" && o.token_embedding_type) {
-    to = *o.token_embedding_type;
+  if (name == "output.weight" || (!m.has_output && name == "token_embd.weight")) {
+    to = o.output_tensor_type ? *o.output_tensor_type : output_type(t, def);
+  } else if (name == "token_embd.weight") {
+    if (o.token_embedding_type) to = *o.token_embedding_type;
+  } else if (contains(name, "attn_v.weight")) {
+    to = attn_v_type(m, def);
+  } else if (contains(name, "attn_k.weight")) {
+    if (m.n_expert == 8) to = DType::Q8_0;
+  } else if (contains(name, "ffn_down")) {
+    to = ffn_down_type(m, name, def);
+  } else if (contains(name, "attn_output.weight")) {
+    to = attn_output_type(m, def);
+  } else if (contains(name, "attn_qkv.weight")) {
+    to = attn_qkv_type(m, def);
   }
-  return cols % block_elems(to) == 0 ? to : fallback(to, t.name, cols);
+  const int64_t cols = int64_t(t.ne[0]);
+  return cols % block_elems(to) == 0 ? to : fallback(to, name, cols);
 }
 
 }  // namespace
 
 FileType parse_file_type(const std::string& text) {
-  const std::string u = upper(text);
+  std::string u = upper(text);
+  for (const auto& [alias, name] : kAliases)
+    if (u == alias) u = name;
   std::string names;
   for (const auto& k : kFileTypes) {
-    if (u == k.name || text == std::to_string(k.id)) {
-      check(k.supported, "{}: serval quantize cannot write this type yet (it writes F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                         "Q5_0 and Q5_1; k-quants and IQ4_NL are not implemented)", k.name);
-      return {k.name, k.id, k.type};
-    }
-    if (k.supported) names += std::string(names.empty() ? "" : ", ") + k.name;
+    if (u == k.name || text == std::to_string(k.id)) return {k.name, k.id, k.type};
+    names += std::string(names.empty() ? "" : ", ") + k.name;
   }
   fail("unknown quantization type '{}' (one of {})", text, names);
 }
 
 DType parse_tensor_type(const std::string& text) {
   const std::string u = upper(text);
-  for (const auto& k : kFileTypes)
-    if (u == k.name && k.supported) return k.type;
-  fail("unknown or unsupported tensor type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)", text);
+  static constexpr DType kTensorTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
+                                           DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
+  for (DType t : kTensorTypes)
+    if (u == dtype_info(t).name) return t;
+  fail("unknown or unsupported tensor type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, "
+       "q5_k, q6_k, iq4_nl)", text);
 }
 
 std::vector<TensorChoice> choose_types(const GgufFile& in, const FileType& ft, const QuantizeOptions& o) {
   std::vector<const TensorRef*> order;
   for (const auto& t : in.tensors()) order.push_back(&t);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return weight_order(a->name, b->name); });
-  const bool has_output = in.find_tensor("output.weight") != nullptr;
+  Mixture mix = Mixture::of(in, ft.id);
   std::vector<TensorChoice> out;
   for (const TensorRef* t : order) {
     TensorChoice c{t->name, t->type, t->type, false};
     if (quantizable(*t, o)) {
       DType to = ft.default_type;
-      if (!o.pure && is_quantized(to)) to = tensor_type(*t, to, has_output, o);
+      if (!o.pure && is_quantized(to)) to = tensor_type(mix, *t, to, o);
       if (t->name == "token_embd.weight" && o.token_embedding_type) to = *o.token_embedding_type;
       if (t->name == "output.weight" && o.output_tensor_type) to = *o.output_tensor_type;
       check(int64_t(t->ne[0]) % block_elems(to) == 0, "{}: rows of {} elements are not whole {} blocks", t->name, t->ne[0],

@@ -21,8 +21,8 @@ struct FileType {
   DType default_type = DType::F32;
 };
 
-// "Q4_0", "q8_0", "F16", "BF16", "F32" or llama.cpp's number ("2"); throws Error naming the types
-// there are (and saying so for llama.cpp's types Serval cannot write yet, such as the k-quants).
+// llama-quantize's type names ("Q4_K_M", "q8_0", "IQ4_NL", the aliases "Q4_K" ...) or numbers ("15");
+// throws Error naming the types there are.
 FileType parse_file_type(const std::string& text);
 // A tensor type for --output-tensor-type / --token-embedding-type ("q8_0", "f16", ...); throws Error.
 DType parse_tensor_type(const std::string& text);

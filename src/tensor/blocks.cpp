@@ -14,6 +14,9 @@ float load_half(const uint8_t* p) {
   return fp16_to_f32(h);
 }
 
+// IQ4_NL's levels (ggml's kvalues_iq4nl).
+constexpr int8_t kIq4nlLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 // Six-bit scale and min number j of a Q4_K / Q5_K super-block.
 void scale_min_k4(int j, const uint8_t* q, int16_t* sc, int16_t* mn) {
   if (j < 4) {
@@ -125,6 +128,13 @@ void unpack_block32(DType type, const uint8_t* b, Block32& o) {
       }
       return;
     }
+    case DType::IQ4_NL:  // 4-bit indices into sixteen non-uniform levels
+      o.d = load_half(b);
+      for (int j = 0; j < 16; ++j) {
+        o.q[j] = kIq4nlLevels[b[2 + j] & 0x0F];
+        o.q[j + 16] = kIq4nlLevels[b[2 + j] >> 4];
+      }
+      return;
     default: fail("internal: {} is not a 32-element quantized type", dtype_info(type).name);
   }
 }

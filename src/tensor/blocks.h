@@ -7,9 +7,9 @@
 
 namespace serval {
 
-// A 32-element block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): value i is d * q[i] + m.
+// A 32-element block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): value i is d * q[i] + m.
 struct Block32 {
-  int8_t q[32];  // signed for Q4_0 / Q5_0 / Q8_0 (offset removed), unsigned 0..31 for Q4_1 / Q5_1
+  int8_t q[32];  // signed for Q4_0 / Q5_0 / Q8_0 (offset removed) and IQ4_NL (its level), unsigned 0..31 for Q4_1 / Q5_1
   float d;
   float m;  // 0 for the types without a minimum
 };

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "tensor/dequant.h"
+#include "tensor/quantize_k.h"
 
 namespace serval {
 namespace {
@@ -92,7 +93,8 @@ uint16_t f32_to_bf16(float f) {
 bool can_quantize_to(DType type) {
   switch (type) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0:
-    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K:
+    case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL:
       return true;
     default:
       return false;
@@ -114,18 +116,24 @@ void quantize_row(DType type, const float* x, uint8_t* out, size_t n) {
       return;
     default: break;
   }
-  for (size_t b = 0; b < n / kQk; ++b) {
-    const float* xb = x + b * kQk;
-    uint8_t* ob = out + b * bytes;
-    switch (type) {
-      case DType::Q8_0: block_q8_0(xb, ob); break;
-      case DType::Q4_0: block_sym(xb, ob, 4); break;
-      case DType::Q5_0: block_sym(xb, ob, 5); break;
-      case DType::Q4_1: block_affine(xb, ob, 4); break;
-      case DType::Q5_1: block_affine(xb, ob, 5); break;
-      default: break;
-    }
+  using BlockFn = void (*)(const float*, uint8_t*);
+  BlockFn fn = nullptr;
+  switch (type) {
+    case DType::Q8_0: fn = block_q8_0; break;
+    case DType::Q4_0: fn = [](const float* x, uint8_t* o) { block_sym(x, o, 4); }; break;
+    case DType::Q5_0: fn = [](const float* x, uint8_t* o) { block_sym(x, o, 5); }; break;
+    case DType::Q4_1: fn = [](const float* x, uint8_t* o) { block_affine(x, o, 4); }; break;
+    case DType::Q5_1: fn = [](const float* x, uint8_t* o) { block_affine(x, o, 5); }; break;
+    case DType::IQ4_NL: fn = kquant::iq4_nl; break;
+    case DType::Q2_K: fn = kquant::q2_k; break;
+    case DType::Q3_K: fn = kquant::q3_k; break;
+    case DType::Q4_K: fn = kquant::q4_k; break;
+    case DType::Q5_K: fn = kquant::q5_k; break;
+    case DType::Q6_K: fn = kquant::q6_k; break;
+    default: fail("internal: no quantizer for {}", dtype_info(type).name);
   }
+  const size_t elems = dtype_info(type).block_elems;
+  for (size_t b = 0; b < n / elems; ++b) fn(x + b * elems, out + b * bytes);
 }
 
 }  // namespace serval

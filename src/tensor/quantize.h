@@ -1,5 +1,6 @@
 // Float rows to GGUF tensor types, as llama.cpp's reference quantizers write them (the bytes of
-// `llama-quantize` without an importance matrix): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
+// `llama-quantize` without an importance matrix): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL and the k-quants Q2_K .. Q6_K (tensor/quantize_k.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -16,9 +16,10 @@ TOOL = BUILD / "dequant_tool"
 
 # Offsets of the f16 scale fields inside one block, from the block layouts.
 HALF_FIELDS = {T.Q4_0: [0], T.Q5_0: [0], T.Q8_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2], T.Q2_K: [80, 82],
-               T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
+               T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0]}
 BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24), T.Q8_0: (32, 34),
          T.Q2_K: (256, 84), T.Q3_K: (256, 110), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
+         T.IQ4_NL: (32, 18),
          T.F16: (1, 2), T.BF16: (1, 2), T.F32: (1, 4)}
 
 

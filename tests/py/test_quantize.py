@@ -58,7 +58,7 @@ def test_types_and_bytes_are_llama_quantizes(f16, tmp_path, qtype, flags):
 def test_refusals_are_clear(f16, tmp_path):
     model = cached_model("qwen2.5-coder-0.5b-instruct")
     cases = [((model, tmp_path / "a.gguf", "Q4_0"), "--allow-requantize"),
-             ((f16, tmp_path / "b.gguf", "Q4_K_M"), "cannot write this type yet"),
+             ((f16, tmp_path / "b.gguf", "IQ2_XXS"), "unknown quantization type"),
              ((f16, tmp_path / "c.gguf", "Q9"), "unknown quantization type"),
              ((f16, tmp_path / "d.gguf", "Q4_0", "--output-tensor-type", "q7"), "unknown or unsupported tensor type"),
              ((f16, f16, "Q4_0"), "overwrite the input")]

@@ -12,7 +12,7 @@ namespace serval::test {
 // Offsets of the f16 scale fields inside one block of each type.
 inline std::vector<size_t> half_fields(DType t) {
   switch (t) {
-    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: return {0};
+    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: case DType::IQ4_NL: return {0};
     case DType::Q4_1: case DType::Q5_1: return {0, 2};
     case DType::Q2_K: return {80, 82};
     case DType::Q3_K: return {108};
@@ -56,7 +56,7 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed) {
 inline const std::vector<DType>& all_types() {
   static const std::vector<DType> types = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1,
                                            DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
-                                           DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
   return types;
 }
 

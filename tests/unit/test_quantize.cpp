@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/blocks.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 
@@ -93,11 +94,61 @@ TEST(Quantize, SymmetricTypesKeepSignedZeros) {
   EXPECT_TRUE(std::signbit(y[1]));
 }
 
+// The grid a k-quant or IQ4_NL sub-block stores: its levels, from the scalar unpacker (tensor/blocks.h).
+std::vector<double> grid_of(DType t, const uint8_t* block, int sub, int& sub_len) {
+  std::vector<double> g;
+  if (t == DType::IQ4_NL) {
+    static const int8_t kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    Block32 b;
+    unpack_block32(t, block, b);
+    for (int8_t l : kLevels) g.push_back(double(b.d) * l);
+    sub_len = 32;
+    return g;
+  }
+  BlockK b;
+  unpack_block_k(t, block, b);
+  sub_len = b.sub_len;
+  const int lo = t == DType::Q3_K ? -4 : t == DType::Q6_K ? -32 : 0;
+  const int hi = t == DType::Q2_K ? 3 : t == DType::Q3_K ? 3 : t == DType::Q4_K ? 15 : 31;
+  for (int l = lo; l <= hi; ++l) g.push_back(double(b.d) * b.scale[sub] * l - double(b.dmin) * b.min[sub]);
+  return g;
+}
+
+// Each value of a sub-block with a non-zero scale comes back as the grid point nearest to it (the
+// last step of every k-quant and IQ4_NL search re-rounds against the stored scales), and the row's
+// relative RMS error is what its bits allow.
+TEST(Quantize, KQuantsAndIq4nlRoundToTheirStoredGrid) {
+  const std::pair<DType, double> kTypes[] = {{DType::Q2_K, 0.45}, {DType::Q3_K, 0.25}, {DType::Q4_K, 0.12},
+                                             {DType::Q5_K, 0.06}, {DType::Q6_K, 0.03}, {DType::IQ4_NL, 0.12}};
+  for (const auto& [t, max_rel_rms] : kTypes) {
+    SCOPED_TRACE(std::string(dtype_info(t).name));
+    const auto x = random_row(256 * 8, 11);
+    std::vector<uint8_t> q(row_bytes(t, x.size()));
+    quantize_row(t, x.data(), q.data(), x.size());
+    std::vector<float> y(x.size());
+    dequantize_row(t, q.data(), y.data(), x.size());
+    const size_t be = dtype_info(t).block_elems, bb = dtype_info(t).block_bytes;
+    double err2 = 0, sum2 = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      int sub_len = 0;
+      const auto grid = grid_of(t, q.data() + i / be * bb, int(i % be) / (t == DType::Q4_K || t == DType::Q5_K ? 32 : 16), sub_len);
+      err2 += (double(x[i]) - y[i]) * (double(x[i]) - y[i]), sum2 += double(x[i]) * x[i];
+      if (grid.front() == grid.back()) continue;  // a zero scale: the search's levels are kept
+      double best = 1e300;
+      for (double g : grid) best = std::min(best, std::fabs(g - x[i]));
+      ASSERT_LE(std::fabs(double(y[i]) - x[i]), best * (1 + 1e-5) + 1e-9) << "element " << i;
+    }
+    EXPECT_LT(std::sqrt(err2 / sum2), max_rel_rms);
+    EXPECT_GT(std::sqrt(err2 / sum2), 0.0) << "a lossy type that loses nothing would mean the check is vacuous";
+    for (size_t j = 0; j < 32; ++j) EXPECT_EQ(y[j], 0.0f) << "a zero block stays zero";
+  }
+}
+
 TEST(Quantize, RefusesWhatItCannotWrite) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> out(1024);
-  EXPECT_FALSE(can_quantize_to(DType::Q4_K));
-  EXPECT_THROW(quantize_row(DType::Q4_K, x.data(), out.data(), 256), Error);
+  EXPECT_TRUE(can_quantize_to(DType::Q4_K));
+  EXPECT_THROW(quantize_row(DType::Q4_K, x.data(), out.data(), 128), Error) << "not whole super-blocks";
   EXPECT_THROW(quantize_row(DType::Q8_0, x.data(), out.data(), 40), Error) << "not whole blocks";
 }
 

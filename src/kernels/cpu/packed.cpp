@@ -34,6 +34,7 @@ constexpr TypeLayout kLayouts[] = {
     {DType::Q8_0, false, false, false, false, false, 128}, {DType::Q2_K, true, false, true, true, true, 0},
     {DType::Q3_K, true, false, true, true, false, 4},     {DType::Q4_K, true, false, true, false, true, 0},
     {DType::Q5_K, true, true, true, false, true, 0},      {DType::Q6_K, false, false, true, true, false, 32},
+    {DType::IQ4_NL, false, false, false, false, false, 128},
 };
 
 const TypeLayout* layout_of(DType t) {
