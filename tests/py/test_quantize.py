@@ -1,7 +1,7 @@
 """`serval quantize` against llama.cpp's `llama-quantize`: on the real Qwen2.5-Coder 0.5B, every tensor's
 type and bytes equal what llama-quantize wrote (recorded in tests/data/quantize_llama_cpp.json by a
 script outside the repository) for F16 (from the quantized file, --allow-requantize) and, from that F16
-file, Q8_0, Q4_0, Q5_0 and a --pure Q4_1 mixture. Also: the output runs; refusals are
+file, Q8_0, Q4_0, Q5_0, a --pure Q4_1 mixture, and the k-quant mixtures Q4_K_M and Q6_K. Also: the output runs; refusals are
 clear; an interrupted run leaves no file."""
 import hashlib
 import json
@@ -41,8 +41,11 @@ def test_f16_from_the_quantized_file_is_llama_quantizes(f16):
 
 # Q5_1 and BF16 are recorded too (checked when docs/quantization.md's table was made); the suite runs
 # one type of each kind of block code, to stay within its time budget.
+# The k-quant mixtures: Q4_K_M (attn_v / ffn_down on more bits by layer; the 896-wide rows fall back to
+# Q5_0 / Q8_0) and Q6_K; IQ4_NL is recorded too (its search is slow; the unit tests check its bytes).
 @pytest.mark.parametrize("qtype,flags", [("Q8_0", []), ("Q4_0", []), ("Q5_0", []),
-                                         ("Q4_1", ["--pure", "--token-embedding-type", "q8_0"])])
+                                         ("Q4_1", ["--pure", "--token-embedding-type", "q8_0"]),
+                                         ("Q4_K_M", []), ("Q6_K", [])])
 def test_types_and_bytes_are_llama_quantizes(f16, tmp_path, qtype, flags):
     out = tmp_path / f"{qtype}.gguf"
     r = run("quantize", f16, out, qtype, *flags, timeout=300)

@@ -144,6 +144,38 @@ TEST(Quantize, KQuantsAndIq4nlRoundToTheirStoredGrid) {
   }
 }
 
+// A portable input (an LCG's integers scaled by powers of two, so every value is exact on any machine):
+// super-blocks of three magnitudes, some one-signed, some blocks of zeros.
+std::vector<float> lcg_input(int n, uint32_t seed) {
+  std::vector<float> x(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (int i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    const int k = (i / 256) % 3;
+    x[i] = float(int32_t(s) >> 8) * (k == 0 ? 1.0f / 1048576 : k == 1 ? 1.0f / 65536 : 1.0f / 16777216);
+    if ((i / 256) % 5 == 4) x[i] = std::fabs(x[i]);
+    if ((i / 32) % 11 == 7) x[i] = 0;
+  }
+  return x;
+}
+
+// Recorded output of llama.cpp's quantizers (ggml_quantize_chunk without an importance matrix, llama.cpp
+// c392e5094, by a harness outside the repository) on lcg_input(256 * 64, 12345): FNV-1a 64 of the bytes.
+TEST(Quantize, KQuantsAndIq4nlWriteLlamaCppsBytes) {
+  const std::pair<DType, uint64_t> kRecorded[] = {
+      {DType::Q2_K, 0xc0cbd12f8b17e030ull}, {DType::Q3_K, 0xfb306a4d749e6988ull}, {DType::Q4_K, 0x6d0a5b32750b091cull},
+      {DType::Q5_K, 0x5e8e160eecac714full}, {DType::Q6_K, 0xbd1b0792161be680ull}, {DType::IQ4_NL, 0x4acd7c85555dec22ull},
+  };
+  const auto x = lcg_input(256 * 64, 12345);
+  for (const auto& [t, want] : kRecorded) {
+    std::vector<uint8_t> q(row_bytes(t, x.size()));
+    quantize_row(t, x.data(), q.data(), x.size());
+    uint64_t h = 1469598103934665603ull;
+    for (uint8_t b : q) h = (h ^ b) * 1099511628211ull;
+    EXPECT_EQ(h, want) << dtype_info(t).name;
+  }
+}
+
 TEST(Quantize, RefusesWhatItCannotWrite) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> out(1024);
