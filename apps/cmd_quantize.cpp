@@ -9,13 +9,14 @@
 
 #include "apps/commands.h"
 #include "base/error.h"
+#include "quant/imatrix.h"
 #include "quant/quantize_model.h"
 
 namespace serval::cli {
 namespace {
 
 struct QuantizeCliOptions {
-  std::string in, out, type, output_tensor_type, token_embedding_type;
+  std::string in, out, type, output_tensor_type, token_embedding_type, imatrix;
   int threads = 0;
   QuantizeOptions q;
 };
@@ -49,8 +50,18 @@ void run_quantize(QuantizeCliOptions& o) {
   if (!o.token_embedding_type.empty()) o.q.token_embedding_type = parse_tensor_type(o.token_embedding_type);
   check(o.in != o.out, "the output would overwrite the input");
   set_threads(o.threads);
+  Imatrix imatrix;
+  if (!o.imatrix.empty()) {
+    imatrix = load_imatrix(o.imatrix);
+    o.q.imatrix = &imatrix, o.q.imatrix_path = o.imatrix;
+    fmt::print(stderr, "serval quantize: imatrix {}: {} entries, {} chunks\n", o.imatrix, imatrix.entries.size(),
+               imatrix.chunk_count);
+  }
   watch_signals(o.out + ".tmp");
   const QuantizeReport r = quantize_file(o.in, o.out, ft, o.q, show_progress);
+  if (r.without_imatrix > 0)
+    fmt::print(stderr, "serval quantize: {} quantized tensors had no imatrix entry (quantized without it)\n",
+               r.without_imatrix);
   for (const auto& w : r.warnings) fmt::print(stderr, "warning: {}\n", w);
   const double mib = 1024.0 * 1024.0;
   fmt::print(stderr, "serval quantize: {} -> {} ({}): {} tensors converted, {} copied; {:.2f} MiB -> {:.2f} MiB ({:.2f} bits per weight)\n",
@@ -66,10 +77,13 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("input", o->in, "GGUF file to read (F32, F16 or BF16 weights; quantized ones with --allow-requantize)")
       ->required()->check(CLI::ExistingFile);
   cmd->add_option("output", o->out, "GGUF file to write")->required();
-  cmd->add_option("type", o->type, "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (or llama.cpp's number)")->required();
+  cmd->add_option("type", o->type,
+                  "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K "
+                  "(or llama.cpp's number; Q3_K, Q4_K, Q5_K mean the _M mixtures)")->required();
   cmd->add_option("nthreads", o->threads, "threads (default: the cores available)");
   cmd->add_flag("--allow-requantize", o->q.allow_requantize, "accept quantized inputs (dequantized first: precision is lost twice)");
   cmd->add_flag("--leave-output-tensor", o->q.leave_output_tensor, "copy output.weight as it is");
+  cmd->add_option("--imatrix", o->imatrix, "importance matrix (serval imatrix or llama-imatrix; GGUF or .dat)");
   cmd->add_flag("--pure", o->q.pure, "every quantized tensor gets TYPE (no per-tensor choices)");
   cmd->add_option("--output-tensor-type", o->output_tensor_type, "type of output.weight");
   cmd->add_option("--token-embedding-type", o->token_embedding_type, "type of token_embd.weight");

@@ -1,5 +1,6 @@
 #include "quant/imatrix.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -159,7 +160,10 @@ std::vector<float> Imatrix::importance(const std::string& name, int64_t cols) co
   check(e.n_per_row() == cols, "imatrix entry {} is {} wide, the tensor's rows are {}", name, e.n_per_row(), cols);
   check(e.counts.size() == 1, "imatrix entry {}: {} matrices (expert tensors are not supported)", name, e.counts.size());
   std::vector<float> w(static_cast<size_t>(cols));
-  for (int64_t j = 0; j < cols; ++j) w[size_t(j)] = e.counts[0] > 0 ? float(e.sum2[size_t(j)] / e.counts[0]) : 1.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    w[size_t(j)] = e.counts[0] > 0 ? float(e.sum2[size_t(j)] / e.counts[0]) : 1.0f;
+    check(std::isfinite(w[size_t(j)]), "imatrix entry {} has a non-finite value at column {}", name, j);
+  }
   return w;
 }
 

@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
+#include "quant/imatrix.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 
@@ -36,7 +37,7 @@ constexpr std::pair<const char*, const char*> kAliases[] = {{"Q3_K", "Q3_K_M"}, 
 
 // llama_ftype numbers the mixture rules test.
 enum Ftype : uint32_t {
-  kQ2K = 10, kQ3KS = 11, kQ3KM = 12, kQ3KL = 13, kQ4KS = 14, kQ4KM = 15, kQ5KS = 16, kQ5KM = 17, kIQ4NL = 25,
+  kQ40 = 2, kQ50 = 8, kQ2K = 10, kQ3KS = 11, kQ3KM = 12, kQ3KL = 13, kQ4KS = 14, kQ4KM = 15, kQ5KS = 16, kQ5KM = 17, kIQ4NL = 25,
 };
 
 std::string upper(std::string s) {
@@ -90,7 +91,7 @@ struct Mixture {
   uint32_t ftype = 0;
   std::string arch;
   int n_layer = 0, n_expert = 0, n_gqa = 1;
-  bool is_70b = false, has_output = false;
+  bool is_70b = false, has_output = false, has_imatrix = false;
   int n_attention_wv = 0, i_attention_wv = 0, i_ffn_down = 0;
 
   static Mixture of(const GgufFile& in, uint32_t ftype) {
@@ -153,7 +154,9 @@ DType ffn_down_type(Mixture& m, const std::string& name, DType def) {
     case kQ4KM:
       if (m.falcon()) return i < n / 16 ? DType::Q6_K : Mixture::more_bits(i, n) ? DType::Q5_K : DType::Q4_K;
       return Mixture::more_bits(i, n) ? DType::Q6_K : def;
-    case kIQ4NL: return i < n / 8 ? DType::Q5_K : def;
+    case kIQ4NL: return i < n / 8 && !m.has_imatrix ? DType::Q5_K : def;
+    case kQ40: case kQ50:  // guards the first layers with an imatrix only (without one, the bytes stay as before)
+      return m.has_imatrix && i < n / 8 ? (m.ftype == kQ40 ? DType::Q4_1 : DType::Q5_1) : def;
     case kQ5KM: return Mixture::more_bits(i, n) ? DType::Q6_K : def;
     case kQ4KS: return !m.falcon() && i < n / 8 ? DType::Q5_K : def;
     default: return def;
@@ -250,6 +253,7 @@ std::vector<TensorChoice> choose_types(const GgufFile& in, const FileType& ft, c
   for (const auto& t : in.tensors()) order.push_back(&t);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return weight_order(a->name, b->name); });
   Mixture mix = Mixture::of(in, ft.id);
+  mix.has_imatrix = o.imatrix != nullptr;
   std::vector<TensorChoice> out;
   for (const TensorRef* t : order) {
     TensorChoice c{t->name, t->type, t->type, false};
@@ -277,7 +281,7 @@ std::vector<TensorChoice> choose_types(const GgufFile& in, const FileType& ft, c
 namespace {
 
 // One tensor converted: rows dequantized to float and quantized again, rows in parallel.
-std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to) {
+std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, const std::vector<float>& importance) {
   const int64_t cols = int64_t(t.row_len()), rows = int64_t(t.n_rows());
   const size_t in_row = row_bytes(t.type, size_t(cols)), out_row = row_bytes(to, size_t(cols));
   std::vector<uint8_t> out(size_t(rows) * out_row);
@@ -286,10 +290,20 @@ std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to) {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = task * chunk; r < std::min(rows, (task + 1) * chunk); ++r) {
       dequantize_row(t.type, t.data + size_t(r) * in_row, row.data(), size_t(cols));
-      quantize_row(to, row.data(), out.data() + size_t(r) * out_row, size_t(cols));
+      quantize_row(to, row.data(), out.data() + size_t(r) * out_row, size_t(cols),
+                   importance.empty() ? nullptr : importance.data());
     }
   });
   return out;
+}
+
+// What llama-quantize records of the imatrix it used.
+void add_imatrix_metadata(const Imatrix& m, const std::string& path, GgufWriter& w) {
+  const auto i32 = [](int64_t v) { return GgufValue{GgufValueType::INT32, v}; };
+  w.add_string("quantize.imatrix.file", path);
+  if (!m.datasets.empty()) w.add_string("quantize.imatrix.dataset", m.datasets.back());
+  w.add_value("quantize.imatrix.entries_count", i32(int64_t(m.entries.size())));
+  if (m.chunk_count > 0) w.add_value("quantize.imatrix.chunks_count", i32(m.chunk_count));
 }
 
 void copy_metadata(const GgufFile& in, const FileType& ft, GgufWriter& w) {
@@ -309,6 +323,7 @@ QuantizeReport quantize_file(const std::string& in_path, const std::string& out_
   const auto choices = choose_types(in, ft, o);
   GgufWriter w;
   copy_metadata(in, ft, w);
+  if (o.imatrix) add_imatrix_metadata(*o.imatrix, o.imatrix_path, w);
   QuantizeReport rep;
   for (size_t i = 0; i < choices.size(); ++i) {
     const TensorChoice& c = choices[i];
@@ -316,7 +331,10 @@ QuantizeReport quantize_file(const std::string& in_path, const std::string& out_
     rep.bytes_in += t.nbytes;
     rep.n_params += t.n_elements();
     if (c.convert) {
-      const auto bytes = convert_tensor(t, c.to);
+      const auto importance = o.imatrix && is_quantized(c.to) ? o.imatrix->importance(c.name, int64_t(t.row_len()))
+                                                               : std::vector<float>{};
+      if (o.imatrix && is_quantized(c.to) && importance.empty()) ++rep.without_imatrix;
+      const auto bytes = convert_tensor(t, c.to, importance);
       w.add_tensor(c.name, t.ne, uint32_t(c.to), bytes.data(), bytes.size());
       rep.bytes_out += bytes.size();
       ++rep.converted;

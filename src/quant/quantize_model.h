@@ -13,6 +13,7 @@
 namespace serval {
 
 class GgufFile;
+struct Imatrix;
 
 // A target file type: llama.cpp's name and `general.file_type` number, and the type most tensors get.
 struct FileType {
@@ -32,6 +33,11 @@ struct QuantizeOptions {
   bool pure = false;                 // every quantized tensor gets the default type
   bool allow_requantize = false;     // inputs already quantized are dequantized first (lossy)
   bool leave_output_tensor = false;  // output.weight is copied as it is
+  // Importance matrix (quant/imatrix.h): weighted searches, and llama.cpp's rules for files made with
+  // one (the first eighth of ffn_down in Q4_0 / Q5_0 files gets Q4_1 / Q5_1). Tensors without an entry
+  // are quantized without it, as llama-quantize does.
+  const Imatrix* imatrix = nullptr;
+  std::string imatrix_path;  // recorded in the output's metadata
 };
 
 struct TensorChoice {
@@ -47,6 +53,7 @@ std::vector<TensorChoice> choose_types(const GgufFile& in, const FileType& ft, c
 struct QuantizeReport {
   uint64_t bytes_in = 0, bytes_out = 0, n_params = 0;
   int64_t converted = 0, copied = 0;
+  int64_t without_imatrix = 0;  // quantized tensors the imatrix has no entry for
   std::vector<std::string> warnings;  // fallbacks and requantized inputs
 };
 

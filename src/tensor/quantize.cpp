@@ -101,7 +101,7 @@ bool can_quantize_to(DType type) {
   }
 }
 
-void quantize_row(DType type, const float* x, uint8_t* out, size_t n) {
+void quantize_row(DType type, const float* x, uint8_t* out, size_t n, const float* importance) {
   check(can_quantize_to(type), "cannot quantize to {}", dtype_info(type).name);
   const size_t bytes = dtype_info(type).block_bytes;
   check(n % dtype_info(type).block_elems == 0, "{} elements are not whole {} blocks", n, dtype_info(type).name);
@@ -114,16 +114,20 @@ void quantize_row(DType type, const float* x, uint8_t* out, size_t n) {
         std::memcpy(out + 2 * i, &b, 2);
       }
       return;
+    case DType::Q4_0: case DType::Q5_0: case DType::Q4_1: case DType::Q5_1:
+      if (!importance) break;
+      return kquant::legacy_row(x, out, n, importance, type == DType::Q4_0 || type == DType::Q4_1 ? 4 : 5,
+                                type == DType::Q4_1 || type == DType::Q5_1);
     default: break;
   }
-  using BlockFn = void (*)(const float*, uint8_t*);
+  using BlockFn = void (*)(const float*, uint8_t*, const float*);
   BlockFn fn = nullptr;
   switch (type) {
-    case DType::Q8_0: fn = block_q8_0; break;
-    case DType::Q4_0: fn = [](const float* x, uint8_t* o) { block_sym(x, o, 4); }; break;
-    case DType::Q5_0: fn = [](const float* x, uint8_t* o) { block_sym(x, o, 5); }; break;
-    case DType::Q4_1: fn = [](const float* x, uint8_t* o) { block_affine(x, o, 4); }; break;
-    case DType::Q5_1: fn = [](const float* x, uint8_t* o) { block_affine(x, o, 5); }; break;
+    case DType::Q8_0: fn = [](const float* x, uint8_t* o, const float*) { block_q8_0(x, o); }; break;
+    case DType::Q4_0: fn = [](const float* x, uint8_t* o, const float*) { block_sym(x, o, 4); }; break;
+    case DType::Q5_0: fn = [](const float* x, uint8_t* o, const float*) { block_sym(x, o, 5); }; break;
+    case DType::Q4_1: fn = [](const float* x, uint8_t* o, const float*) { block_affine(x, o, 4); }; break;
+    case DType::Q5_1: fn = [](const float* x, uint8_t* o, const float*) { block_affine(x, o, 5); }; break;
     case DType::IQ4_NL: fn = kquant::iq4_nl; break;
     case DType::Q2_K: fn = kquant::q2_k; break;
     case DType::Q3_K: fn = kquant::q3_k; break;
@@ -133,7 +137,7 @@ void quantize_row(DType type, const float* x, uint8_t* out, size_t n) {
     default: fail("internal: no quantizer for {}", dtype_info(type).name);
   }
   const size_t elems = dtype_info(type).block_elems;
-  for (size_t b = 0; b < n / elems; ++b) fn(x + b * elems, out + b * bytes);
+  for (size_t b = 0; b < n / elems; ++b) fn(x + b * elems, out + b * bytes, importance ? importance + b * elems : nullptr);
 }
 
 }  // namespace serval

@@ -12,8 +12,10 @@ namespace serval {
 // Whether quantize_row can write `type`.
 bool can_quantize_to(DType type);
 // Writes `n` elements of `x` (a multiple of the type's block size) as `type` into `out`
-// (row_bytes(type, n) bytes); throws Error for a type can_quantize_to refuses.
-void quantize_row(DType type, const float* x, uint8_t* out, size_t n);
+// (row_bytes(type, n) bytes); throws Error for a type can_quantize_to refuses. `importance` (n values,
+// or null): each column's mean square activation from an imatrix, for llama.cpp's weighted searches
+// (k-quants, IQ4_NL, Q4_0..Q5_1; F16/BF16/Q8_0 ignore it).
+void quantize_row(DType type, const float* x, uint8_t* out, size_t n, const float* importance = nullptr);
 // Float to bfloat16, round to nearest even; NaN stays a (quiet) NaN.
 uint16_t f32_to_bf16(float f);
 

@@ -47,40 +47,42 @@ float signed_max(int n, const float* x, float& amax) {
   return max;
 }
 
-// Sums of w*x*l and w*l*l over levels l = round(iscale * x) clamped to [-nmax, nmax), w = x^2.
+// Sums of w*x*l and w*l*l over levels l = round(iscale * x) clamped to [-nmax, nmax); w = qw, or x^2
+// without importance weights.
 struct SymFit {
   float sumlx = 0, suml2 = 0;
 };
-SymFit fit_symmetric(int n, int nmax, const float* x, float iscale, int8_t* L) {
+SymFit fit_symmetric(int n, int nmax, const float* x, const float* qw, float iscale, int8_t* L) {
   SymFit f;
   for (int i = 0; i < n; ++i) {
     const int l = clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
     if (L) L[i] = int8_t(l + nmax);
-    const float w = x[i] * x[i];
+    const float w = qw ? qw[i] : x[i] * x[i];
     f.sumlx += w * x[i] * l;
     f.suml2 += w * l * l;
   }
   return f;
 }
 
-// Symmetric levels for Q6_K: the scale minimizing the x^2-weighted error over 19 trial scales around
-// -nmax / max; L gets levels + nmax. Returns the scale (0 for an all-zero group).
-float symmetric_search(int n, int nmax, const float* x, int8_t* L) {
+// Symmetric levels (Q6_K; with importance also Q3_K, Q4_0, Q5_0 and Q3_K's scales): the scale
+// minimizing the weighted error (weights qw, or x^2) over 19 trial scales around -nmax / max; L gets
+// levels + nmax. Returns the scale (0 for an all-zero group).
+float symmetric_search(int n, int nmax, const float* x, int8_t* L, const float* qw = nullptr) {
   float amax;
   const float max = signed_max(n, x, amax);
   if (amax < kTiny) {
     std::fill(L, L + n, 0);
     return 0.f;
   }
-  SymFit f = fit_symmetric(n, nmax, x, -nmax / max, L);
+  SymFit f = fit_symmetric(n, nmax, x, qw, -nmax / max, L);
   float scale = f.suml2 ? f.sumlx / f.suml2 : 0.0f;
   float best = scale * f.sumlx;
   for (int is = -9; is <= 9; ++is) {
     if (is == 0) continue;
     const float iscale = -(nmax + 0.1f * is) / max;
-    f = fit_symmetric(n, nmax, x, iscale, nullptr);
+    f = fit_symmetric(n, nmax, x, qw, iscale, nullptr);
     if (f.suml2 > 0 && f.sumlx * f.sumlx > best * f.suml2) {
-      fit_symmetric(n, nmax, x, iscale, L);
+      fit_symmetric(n, nmax, x, qw, iscale, L);
       scale = f.sumlx / f.suml2;
       best = scale * f.sumlx;
     }
@@ -204,6 +206,73 @@ float affine_search(int n, const float* x, const float* weights, uint8_t* L, flo
   return scale;
 }
 
+// Non-negative levels 0..nmax for a super-block's sub-block scales or minimums, with importance:
+// the best of nine trial scales by weighted error, then up to five passes moving single levels.
+float positive_search(int n, int nmax, const float* x, uint8_t* L, const float* qw) {
+  float max = 0;
+  for (int i = 0; i < n; ++i) max = std::max(max, x[i]);
+  if (!max) {
+    std::fill(L, L + n, 0);
+    return 0.f;
+  }
+  float iscale = nmax / max;
+  for (int i = 0; i < n; ++i) L[i] = uint8_t(nearest_int(iscale * x[i]));
+  const float scale = 1 / iscale;
+  float best_mse = 0;
+  for (int i = 0; i < n; ++i) {
+    const float diff = x[i] - scale * L[i];
+    best_mse += qw[i] * diff * diff;
+  }
+  for (int is = -4; is <= 4; ++is) {
+    if (is == 0) continue;
+    const float iscale_is = (0.1f * is + nmax) / max, scale_is = 1 / iscale_is;
+    float mse = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::min(nmax, nearest_int(iscale_is * x[i]));
+      const float diff = x[i] - scale_is * l;
+      mse += qw[i] * diff * diff;
+    }
+    if (mse < best_mse) best_mse = mse, iscale = iscale_is;
+  }
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = std::min(nmax, nearest_int(iscale * x[i]));
+    L[i] = uint8_t(l);
+    sumlx += qw[i] * x[i] * l;
+    suml2 += qw[i] * l * l;
+  }
+  for (int pass = 0; pass < 5; ++pass) {
+    int changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = qw[i];
+      float slx = sumlx - w * x[i] * L[i];
+      float sl2 = suml2 - w * L[i] * L[i];
+      if (!(slx > 0 && sl2 > 0)) continue;
+      const int nl = std::min(nmax, nearest_int(x[i] * sl2 / slx));
+      if (nl == L[i]) continue;
+      slx += w * x[i] * nl;
+      sl2 += w * nl * nl;
+      if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+        L[i] = uint8_t(nl), sumlx = slx, suml2 = sl2;
+        ++changed;
+      }
+    }
+    if (!changed) break;
+  }
+  return sumlx / suml2;
+}
+
+// Importance weights of a group: qw * sqrt(sigma2 + x^2).
+void importance_weights(int n, const float* x, const float* qw, float sigma2, float* w) {
+  for (int l = 0; l < n; ++l) w[l] = qw[l] * std::sqrt(sigma2 + x[l] * x[l]);
+}
+
+float sum_of(int n, const float* v) {
+  float s = 0;
+  for (int l = 0; l < n; ++l) s += v[l];
+  return s;
+}
+
 // Four 2-bit values per byte: byte l of each 32-byte group holds elements l, l+32, l+64, l+96 of its
 // 128 elements.
 void pack_2bit(const uint8_t* L, uint8_t* qs) {
@@ -212,47 +281,72 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
       qs[j / 4 + l] = uint8_t(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
 }
 
-// Q4_K / Q5_K: eight sub-blocks of 32, each with an affine search weighted by rms(x) + |x|; scales
-// and minimums as 6-bit numbers of d and dmin (F16), packed in 12 bytes; then every value is rounded
-// again against the stored scales. L gets the levels 0..nmax.
-void q45_k_levels(const float* x, uint8_t* out, int nmax, const AffineSearch& search, uint8_t* L) {
-  float scales[8], mins[8], weights[32];
-  float max_scale = 0, max_min = 0;
-  for (int j = 0; j < 8; ++j) {
-    const float* xs = x + 32 * j;
-    float sum_x2 = 0;
-    for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-    const float av_x = std::sqrt(sum_x2 / 32);
-    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-    scales[j] = affine_search(32, xs, weights, L + 32 * j, &mins[j], search);
-    if (scales[j] > max_scale) max_scale = scales[j];
-    if (mins[j] > max_min) max_min = mins[j];
-  }
-  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+// Q4_K / Q5_K's 6-bit scales and minimums (ls, lm) with the super-block's d and dmin: packed in 12
+// bytes after d and dmin; then every value is rounded again against the stored scales (L: 0..nmax).
+void q45_k_finish(const float* x, uint8_t* out, int nmax, const uint8_t* ls, const uint8_t* lm, float d, float dmin,
+                  uint8_t* L) {
   uint8_t* sc = out + 4;
   for (int j = 0; j < 8; ++j) {
-    const uint8_t ls = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
-    const uint8_t lm = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
     if (j < 4) {
-      sc[j] = ls, sc[j + 4] = lm;
+      sc[j] = ls[j], sc[j + 4] = lm[j];
     } else {
-      sc[j + 4] = uint8_t((ls & 0xF) | ((lm & 0xF) << 4));
-      sc[j - 4] |= uint8_t((ls >> 4) << 6);
-      sc[j] |= uint8_t((lm >> 4) << 6);
+      sc[j + 4] = uint8_t((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+      sc[j - 4] |= uint8_t((ls[j] >> 4) << 6);
+      sc[j] |= uint8_t((lm[j] >> 4) << 6);
     }
   }
-  put_half(out, max_scale / 63.f);
-  put_half(out + 2, max_min / 63.f);
+  put_half(out, d);
+  put_half(out + 2, dmin);
   const float d_all = get_half(out), dmin_all = get_half(out + 2);
   for (int j = 0; j < 8; ++j) {
     const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
     const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    const float d = d_all * s;
-    if (!d) continue;
+    const float dj = d_all * s;
+    if (!dj) continue;
     const float dm = dmin_all * m;
-    for (int i = 0; i < 32; ++i) L[32 * j + i] = uint8_t(clamp(nearest_int((x[32 * j + i] + dm) / d), 0, nmax));
+    for (int i = 0; i < 32; ++i) L[32 * j + i] = uint8_t(clamp(nearest_int((x[32 * j + i] + dm) / dj), 0, nmax));
   }
+}
+
+// Q4_K / Q5_K: eight sub-blocks of 32, each with an affine search. Without importance: weights
+// rms(x) + |x|, scales and minimums rounded on 63 levels of the largest. With importance qw: weights
+// qw * sqrt(sigma2 + x^2), a finer search, and the 6-bit levels searched too (positive_search).
+void q45_k_levels(const float* x, uint8_t* out, int nmax, const float* qw, uint8_t* L) {
+  float scales[8], mins[8], weights[32], sw[8];
+  uint8_t ls[8], lm[8];
+  float sum_x2 = 0;
+  if (qw)
+    for (int l = 0; l < 256; ++l) sum_x2 += x[l] * x[l];
+  const float sigma2 = 2 * sum_x2 / 256;
+  const AffineSearch search = qw ? AffineSearch{nmax, -0.9f, 0.05f, 36, false}
+                                 : nmax == 15 ? AffineSearch{15, -1.f, 0.1f, 20, false} : AffineSearch{31, -0.5f, 0.1f, 15, false};
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    const float* xs = x + 32 * j;
+    if (qw) {
+      importance_weights(32, xs, qw + 32 * j, sigma2, weights);
+      sw[j] = sum_of(32, weights);
+    } else {
+      float sx2 = 0;
+      for (int l = 0; l < 32; ++l) sx2 += xs[l] * xs[l];
+      const float av_x = std::sqrt(sx2 / 32);
+      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
+    }
+    scales[j] = affine_search(32, xs, weights, L + 32 * j, &mins[j], search);
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  if (qw) {
+    const float d = positive_search(8, 63, scales, ls, sw), dmin = positive_search(8, 63, mins, lm, sw);
+    return q45_k_finish(x, out, nmax, ls, lm, d, dmin, L);
+  }
+  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+  for (int j = 0; j < 8; ++j) {
+    ls[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_scale * scales[j])));
+    lm[j] = std::min<uint8_t>(63, uint8_t(nearest_int(inv_min * mins[j])));
+  }
+  q45_k_finish(x, out, nmax, ls, lm, max_scale / 63.f, max_min / 63.f, L);
 }
 
 // IQ4_NL's index of the level nearest to v (the lower one on a tie).
@@ -269,71 +363,113 @@ int nearest_level(float v) {
   return v - val[hi - 1] < val[hi] - v ? hi - 1 : hi;
 }
 
-}  // namespace
-
-void q2_k(const float* x, uint8_t* out) {  // scales[16], qs[64], d, dmin
-  constexpr AffineSearch kSearch{3, -0.5f, 0.1f, 15, true};
-  uint8_t L[256];
-  float scales[16], mins[16], weights[16];
+// Q2_K's sub-block searches; with importance, the 4-bit scales and minimums are searched too.
+void q2_k_scales(const float* x, const float* qw, uint8_t* sc, float& d, float& dmin, uint8_t* L) {
+  float scales[16], mins[16], weights[16], sw[16];
+  float sigma2 = 0;
+  if (qw) {
+    float sumx2 = 0;
+    for (int j = 0; j < 256; ++j) sumx2 += x[j] * x[j];
+    sigma2 = sumx2 / 256;
+  }
+  const AffineSearch search = qw ? AffineSearch{3, -0.9f, 0.05f, 36, false} : AffineSearch{3, -0.5f, 0.1f, 15, true};
   float max_scale = 0, max_min = 0;
   for (int j = 0; j < 16; ++j) {
-    for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-    scales[j] = affine_search(16, x + 16 * j, weights, L + 16 * j, &mins[j], kSearch);
+    if (qw) importance_weights(16, x + 16 * j, qw + 16 * j, sigma2, weights), sw[j] = sum_of(16, weights);
+    else for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+    scales[j] = affine_search(16, x + 16 * j, weights, L + 16 * j, &mins[j], search);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
-  uint8_t* sc = out;
+  if (qw) {
+    uint8_t Ls[16], Lm[16];
+    d = positive_search(16, 15, scales, Ls, sw), dmin = positive_search(16, 15, mins, Lm, sw);
+    for (int j = 0; j < 16; ++j) sc[j] = uint8_t(Ls[j] | (Lm[j] << 4));
+    return;
+  }
   std::fill(sc, sc + 16, 0);
-  if (max_scale > 0) {
-    const float iscale = 15.f / max_scale;
-    for (int j = 0; j < 16; ++j) sc[j] = uint8_t(nearest_int(iscale * scales[j]));
-  }
-  put_half(out + 80, max_scale > 0 ? max_scale / 15.f : 0.f);
-  if (max_min > 0) {
-    const float iscale = 15.f / max_min;
-    for (int j = 0; j < 16; ++j) sc[j] |= uint8_t(nearest_int(iscale * mins[j]) << 4);
-  }
-  put_half(out + 82, max_min > 0 ? max_min / 15.f : 0.f);
+  if (max_scale > 0)
+    for (int j = 0; j < 16; ++j) sc[j] = uint8_t(nearest_int(15.f / max_scale * scales[j]));
+  if (max_min > 0)
+    for (int j = 0; j < 16; ++j) sc[j] |= uint8_t(nearest_int(15.f / max_min * mins[j]) << 4);
+  d = max_scale > 0 ? max_scale / 15.f : 0.f, dmin = max_min > 0 ? max_min / 15.f : 0.f;
+}
+
+}  // namespace
+
+void q2_k(const float* x, uint8_t* out, const float* qw) {  // scales[16], qs[64], d, dmin
+  uint8_t L[256];
+  uint8_t* sc = out;
+  float d, dmin;
+  q2_k_scales(x, qw, sc, d, dmin, L);
+  put_half(out + 80, d);
+  put_half(out + 82, dmin);
   const float d_all = get_half(out + 80), dmin_all = get_half(out + 82);
   for (int j = 0; j < 16; ++j) {
-    const float d = d_all * (sc[j] & 0xF);
-    if (!d) continue;
+    const float dj = d_all * (sc[j] & 0xF);
+    if (!dj) continue;
     const float dm = dmin_all * (sc[j] >> 4);
-    for (int i = 0; i < 16; ++i) L[16 * j + i] = uint8_t(clamp(nearest_int((x[16 * j + i] + dm) / d), 0, 3));
+    for (int i = 0; i < 16; ++i) L[16 * j + i] = uint8_t(clamp(nearest_int((x[16 * j + i] + dm) / dj), 0, 3));
   }
   pack_2bit(L, out + 16);
 }
 
-void q3_k(const float* x, uint8_t* out) {  // hmask[32], qs[64], scales[12], d
-  int8_t L[256];
+namespace {
+
+// Q3_K's signed 6-bit sub-block scales (stored + 32) and d. Without importance: each sub-block's
+// refined levels, the scales rounded on the largest; with importance qw: weighted searches for the
+// levels and for the scales.
+float q3_k_scales(const float* x, const float* qw, int8_t* L, uint8_t* ls) {
   float scales[16];
+  if (qw) {
+    float sumx2 = 0, weight[16], sw[16];
+    for (int j = 0; j < 256; ++j) sumx2 += x[j] * x[j];
+    const float sigma2 = 2 * sumx2 / 256;
+    for (int j = 0; j < 16; ++j) {
+      importance_weights(16, x + 16 * j, qw + 16 * j, sigma2, weight);
+      sw[j] = sum_of(16, weight);
+      scales[j] = symmetric_search(16, 4, x + 16 * j, L + 16 * j, weight);
+    }
+    int8_t Ls[16];
+    const float d = symmetric_search(16, 32, scales, Ls, sw);
+    for (int j = 0; j < 16; ++j) ls[j] = uint8_t(Ls[j]);
+    return d;
+  }
   float max_scale = 0, amax = 0;
   for (int j = 0; j < 16; ++j) {
     scales[j] = symmetric_refine(16, 4, x + 16 * j, L + 16 * j);
     const float a = std::fabs(scales[j]);
     if (a > amax) amax = a, max_scale = scales[j];
   }
+  std::fill(ls, ls + 16, 0);
+  if (!max_scale) return 0.f;
+  const float iscale = -32.f / max_scale;
+  for (int j = 0; j < 16; ++j) ls[j] = uint8_t(clamp(int8_t(nearest_int(iscale * scales[j])), -32, 31) + 32);
+  return 1 / iscale;
+}
+
+}  // namespace
+
+void q3_k(const float* x, uint8_t* out, const float* qw) {  // hmask[32], qs[64], scales[12], d
+  int8_t L[256];
+  uint8_t ls[16];
+  const float d = q3_k_scales(x, qw, L, ls);
   uint8_t* sc = out + 96;
   std::fill(sc, sc + 12, 0);
-  if (max_scale) {
-    const float iscale = -32.f / max_scale;
-    for (int j = 0; j < 16; ++j) {
-      const int l = clamp(int8_t(nearest_int(iscale * scales[j])), -32, 31) + 32;
-      if (j < 8) sc[j] = uint8_t(l & 0xF);
-      else sc[j - 8] |= uint8_t((l & 0xF) << 4);
-      sc[j % 4 + 8] |= uint8_t((l >> 4) << (2 * (j / 4)));
-    }
-    put_half(out + 108, 1 / iscale);
-  } else {
-    put_half(out + 108, 0.f);
+  for (int j = 0; j < 16; ++j) {
+    const int l = ls[j];
+    if (j < 8) sc[j] = uint8_t(l & 0xF);
+    else sc[j - 8] |= uint8_t((l & 0xF) << 4);
+    sc[j % 4 + 8] |= uint8_t((l >> 4) << (2 * (j / 4)));
   }
+  put_half(out + 108, d);
   const float d_all = get_half(out + 108);
   for (int j = 0; j < 16; ++j) {
     const int low = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
     const int s = (low | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
-    const float d = d_all * s;
-    if (!d) continue;
-    for (int i = 0; i < 16; ++i) L[16 * j + i] = int8_t(clamp(nearest_int(x[16 * j + i] / d), -4, 3) + 4);
+    const float dj = d_all * s;
+    if (!dj) continue;
+    for (int i = 0; i < 16; ++i) L[16 * j + i] = int8_t(clamp(nearest_int(x[16 * j + i] / dj), -4, 3) + 4);
   }
   uint8_t* hmask = out;
   std::fill(hmask, hmask + 32, 0);
@@ -345,17 +481,17 @@ void q3_k(const float* x, uint8_t* out) {  // hmask[32], qs[64], scales[12], d
   pack_2bit(U, out + 32);
 }
 
-void q4_k(const float* x, uint8_t* out) {  // d, dmin, scales[12], qs[128]
+void q4_k(const float* x, uint8_t* out, const float* qw) {  // d, dmin, scales[12], qs[128]
   uint8_t L[256];
-  q45_k_levels(x, out, 15, {15, -1.f, 0.1f, 20, false}, L);
+  q45_k_levels(x, out, 15, qw, L);
   uint8_t* q = out + 16;
   for (int j = 0; j < 256; j += 64, q += 32)
     for (int l = 0; l < 32; ++l) q[l] = uint8_t(L[j + l] | (L[j + l + 32] << 4));
 }
 
-void q5_k(const float* x, uint8_t* out) {  // d, dmin, scales[12], qh[32], qs[128]
+void q5_k(const float* x, uint8_t* out, const float* qw) {  // d, dmin, scales[12], qh[32], qs[128]
   uint8_t L[256];
-  q45_k_levels(x, out, 31, {31, -0.5f, 0.1f, 15, false}, L);
+  q45_k_levels(x, out, 31, qw, L);
   uint8_t* qh = out + 16;
   uint8_t* ql = out + 48;
   std::fill(qh, qh + 32, 0);
@@ -368,12 +504,12 @@ void q5_k(const float* x, uint8_t* out) {  // d, dmin, scales[12], qh[32], qs[12
     }
 }
 
-void q6_k(const float* x, uint8_t* out) {  // ql[128], qh[64], scales[16] (int8), d
+void q6_k(const float* x, uint8_t* out, const float* qw) {  // ql[128], qh[64], scales[16] (int8), d
   int8_t L[256];
   float scales[16];
   float max_scale = 0, max_abs = 0;
   for (int j = 0; j < 16; ++j) {
-    scales[j] = symmetric_search(16, 32, x + 16 * j, L + 16 * j);
+    scales[j] = symmetric_search(16, 32, x + 16 * j, L + 16 * j, qw ? qw + 16 * j : nullptr);
     const float a = std::fabs(scales[j]);
     if (a > max_abs) max_abs = a, max_scale = scales[j];
   }
@@ -402,13 +538,21 @@ void q6_k(const float* x, uint8_t* out) {  // ql[128], qh[64], scales[16] (int8)
     }
 }
 
-// IQ4_NL as llama-quantize writes it (seven trial scales each side, x^2 weights): the scale that
-// best fits the levels by weighted least squares, then each value to its nearest level.
-void iq4_nl(const float* x, uint8_t* out) {
+// IQ4_NL as llama-quantize writes it (seven trial scales each side; weights x^2, or with importance
+// qw * sqrt(sigma2 + x^2)): the scale that best fits the levels by weighted least squares, then each
+// value to its nearest level.
+void iq4_nl(const float* x, uint8_t* out, const float* qw) {
   constexpr int kTry = 7;
   const int8_t* val = iq4nl_values;
   float weight[32];
-  for (int j = 0; j < 32; ++j) weight[j] = x[j] * x[j];
+  if (qw) {
+    float sigma2 = 0;
+    for (int j = 0; j < 32; ++j) sigma2 += x[j] * x[j];
+    sigma2 *= 2.f / 32;
+    importance_weights(32, x, qw, sigma2, weight);
+  } else {
+    for (int j = 0; j < 32; ++j) weight[j] = x[j] * x[j];
+  }
   float amax;
   const float max = signed_max(32, x, amax);
   float d = 0;
@@ -440,6 +584,35 @@ void iq4_nl(const float* x, uint8_t* out) {
   uint8_t L[32];
   for (int j = 0; j < 32; ++j) L[j] = uint8_t(nearest_level(id * x[j]));
   for (int j = 0; j < 16; ++j) out[2 + j] = uint8_t(L[j] | (L[16 + j] << 4));
+}
+
+void legacy_row(const float* x, uint8_t* out, size_t n, const float* qw, int bits, bool with_min) {
+  float sum_x2 = 0;
+  for (size_t j = 0; j < n; ++j) sum_x2 += x[j] * x[j];
+  const float sigma2 = sum_x2 / float(n);
+  const size_t bytes = with_min ? (bits == 5 ? 24 : 20) : (bits == 5 ? 22 : 18);
+  float weight[32];
+  for (size_t b = 0; b < n / 32; ++b, x += 32, qw += 32, out += bytes) {
+    importance_weights(32, x, qw, sigma2, weight);
+    uint8_t L[32];
+    if (with_min) {
+      float neg_min;
+      const float d = affine_search(32, x, weight, L, &neg_min, {(1 << bits) - 1, -0.9f, 0.05f, 36, false});
+      put_half(out, d);
+      put_half(out + 2, -neg_min);
+    } else {
+      int8_t S[32];
+      put_half(out, symmetric_search(32, 1 << (bits - 1), x, S, weight));
+      for (int j = 0; j < 32; ++j) L[j] = uint8_t(S[j]);
+    }
+    uint8_t* qs = out + (with_min ? 4 : 2) + (bits == 5 ? 4 : 0);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      qs[j] = uint8_t((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+      qh |= uint32_t((L[j] & 0x10u) >> 4) << j | uint32_t((L[j + 16] & 0x10u) >> 4) << (j + 16);
+    }
+    if (bits == 5) std::memcpy(out + (with_min ? 4 : 2), &qh, 4);
+  }
 }
 
 }  // namespace serval::kquant

@@ -176,6 +176,29 @@ TEST(Quantize, KQuantsAndIq4nlWriteLlamaCppsBytes) {
   }
 }
 
+// The same with an importance for each column (an LCG's values in [1/64, 16]): llama.cpp's weighted
+// searches (quantize_q*_K, quantize_iq4_nl and quantize_q4_0 .. q5_1 given quant_weights), recorded the
+// same way.
+TEST(Quantize, ImportanceWeightedSearchesWriteLlamaCppsBytes) {
+  const std::pair<DType, uint64_t> kRecorded[] = {
+      {DType::Q2_K, 0xb99bc8322f0c2a64ull}, {DType::Q3_K, 0xcd5c87fd283d3461ull}, {DType::Q4_K, 0xcc1f69e6d18d0a07ull},
+      {DType::Q5_K, 0x08efe93ae602fdc4ull}, {DType::Q6_K, 0xd97f3460850cd8f4ull}, {DType::IQ4_NL, 0xfdcdb119332c559eull},
+      {DType::Q4_0, 0x8e69bde4457a3232ull}, {DType::Q4_1, 0x07177cad3797f8b7ull}, {DType::Q5_0, 0x671cb0260391b0d9ull},
+      {DType::Q5_1, 0x957d815201b4baafull},
+  };
+  const auto x = lcg_input(256 * 64, 12345);
+  std::vector<float> qw(x.size());
+  uint32_t s = 777;
+  for (auto& w : qw) s = s * 1664525u + 1013904223u, w = float(s >> 16) / 4096.0f + 1.0f / 64;
+  for (const auto& [t, want] : kRecorded) {
+    std::vector<uint8_t> q(row_bytes(t, x.size()));
+    quantize_row(t, x.data(), q.data(), x.size(), qw.data());
+    uint64_t h = 1469598103934665603ull;
+    for (uint8_t b : q) h = (h ^ b) * 1099511628211ull;
+    EXPECT_EQ(h, want) << dtype_info(t).name;
+  }
+}
+
 TEST(Quantize, RefusesWhatItCannotWrite) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> out(1024);
