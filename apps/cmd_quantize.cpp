@@ -59,6 +59,13 @@ void run_quantize(QuantizeCliOptions& o) {
   }
   watch_signals(o.out + ".tmp");
   const QuantizeReport r = quantize_file(o.in, o.out, ft, o.q, show_progress);
+  if (!r.awq_alphas.empty()) {
+    int scaled = 0;
+    double sum = 0;
+    for (const auto& [group, alpha] : r.awq_alphas) scaled += alpha > 0, sum += alpha;
+    fmt::print(stderr, "serval quantize: awq: {} of {} groups scaled (mean alpha {:.2f})\n", scaled, r.awq_alphas.size(),
+               sum / double(r.awq_alphas.size()));
+  }
   if (r.without_imatrix > 0)
     fmt::print(stderr, "serval quantize: {} quantized tensors had no imatrix entry (quantized without it)\n",
                r.without_imatrix);
@@ -84,6 +91,7 @@ void add_quantize(CLI::App& app) {
   cmd->add_flag("--allow-requantize", o->q.allow_requantize, "accept quantized inputs (dequantized first: precision is lost twice)");
   cmd->add_flag("--leave-output-tensor", o->q.leave_output_tensor, "copy output.weight as it is");
   cmd->add_option("--imatrix", o->imatrix, "importance matrix (serval imatrix or llama-imatrix; GGUF or .dat)");
+  cmd->add_option("--method", o->q.method, "rtn (default) or awq (activation-aware channel scales; needs --imatrix)");
   cmd->add_flag("--pure", o->q.pure, "every quantized tensor gets TYPE (no per-tensor choices)");
   cmd->add_option("--output-tensor-type", o->output_tensor_type, "type of output.weight");
   cmd->add_option("--token-embedding-type", o->token_embedding_type, "type of token_embd.weight");

@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
+#include "quant/awq.h"
 #include "quant/imatrix.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
@@ -281,7 +282,18 @@ std::vector<TensorChoice> choose_types(const GgufFile& in, const FileType& ft, c
 namespace {
 
 // One tensor converted: rows dequantized to float and quantized again, rows in parallel.
-std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, const std::vector<float>& importance) {
+// AWQ's rescaling of one float row `r` (quant/awq.h).
+void rescale_row(const ChannelRescale& x, int64_t r, float* row, int64_t cols) {
+  for (int64_t j = 0; j < cols && !x.col_mul.empty(); ++j) row[j] *= x.col_mul[size_t(j)];
+  for (int64_t j = 0; j < cols && !x.col_div.empty(); ++j) row[j] /= x.col_div[size_t(j)];
+  if (!x.row_div.empty())
+    for (int64_t j = 0; j < cols; ++j) row[j] /= x.row_div[size_t(r)];
+}
+
+std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, std::vector<float> importance,
+                                    const ChannelRescale* rescale) {
+  if (rescale && !rescale->col_mul.empty() && !importance.empty())  // the activations become x / s
+    for (size_t j = 0; j < importance.size(); ++j) importance[j] /= rescale->col_mul[j] * rescale->col_mul[j];
   const int64_t cols = int64_t(t.row_len()), rows = int64_t(t.n_rows());
   const size_t in_row = row_bytes(t.type, size_t(cols)), out_row = row_bytes(to, size_t(cols));
   std::vector<uint8_t> out(size_t(rows) * out_row);
@@ -290,11 +302,24 @@ std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, const std::vec
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = task * chunk; r < std::min(rows, (task + 1) * chunk); ++r) {
       dequantize_row(t.type, t.data + size_t(r) * in_row, row.data(), size_t(cols));
+      if (rescale) rescale_row(*rescale, r, row.data(), cols);
       quantize_row(to, row.data(), out.data() + size_t(r) * out_row, size_t(cols),
                    importance.empty() ? nullptr : importance.data());
     }
   });
   return out;
+}
+
+// --method: rtn (the searches alone) or awq (scales first; the norms they fold into are rewritten).
+AwqPlan plan_method(const GgufFile& in, std::vector<TensorChoice>& choices, const QuantizeOptions& o) {
+  if (o.method == "rtn") return {};
+  check(o.method != "gptq", "--method gptq is not implemented yet (rtn and awq are)");
+  check(o.method == "awq", "unknown --method '{}' (rtn, awq)", o.method);
+  check(o.imatrix != nullptr, "--method awq needs --imatrix (the activation statistics it scales by)");
+  AwqPlan plan = awq_plan(in, choices, *o.imatrix);
+  for (auto& c : choices)
+    if (!c.convert && plan.rescale.count(c.name)) c.convert = true, c.to = c.from;
+  return plan;
 }
 
 // What llama-quantize records of the imatrix it used.
@@ -320,11 +345,13 @@ void copy_metadata(const GgufFile& in, const FileType& ft, GgufWriter& w) {
 QuantizeReport quantize_file(const std::string& in_path, const std::string& out_path, const FileType& ft,
                              const QuantizeOptions& o, const std::function<void(size_t, size_t, const TensorChoice&)>& progress) {
   const GgufFile in(in_path);
-  const auto choices = choose_types(in, ft, o);
+  auto choices = choose_types(in, ft, o);
+  const AwqPlan awq = plan_method(in, choices, o);
   GgufWriter w;
   copy_metadata(in, ft, w);
   if (o.imatrix) add_imatrix_metadata(*o.imatrix, o.imatrix_path, w);
   QuantizeReport rep;
+  rep.awq_alphas = awq.alphas;
   for (size_t i = 0; i < choices.size(); ++i) {
     const TensorChoice& c = choices[i];
     const TensorRef& t = *in.find_tensor(c.name);
@@ -334,7 +361,8 @@ QuantizeReport quantize_file(const std::string& in_path, const std::string& out_
       const auto importance = o.imatrix && is_quantized(c.to) ? o.imatrix->importance(c.name, int64_t(t.row_len()))
                                                                : std::vector<float>{};
       if (o.imatrix && is_quantized(c.to) && importance.empty()) ++rep.without_imatrix;
-      const auto bytes = convert_tensor(t, c.to, importance);
+      const auto it = awq.rescale.find(c.name);
+      const auto bytes = convert_tensor(t, c.to, importance, it == awq.rescale.end() ? nullptr : &it->second);
       w.add_tensor(c.name, t.ne, uint32_t(c.to), bytes.data(), bytes.size());
       rep.bytes_out += bytes.size();
       ++rep.converted;

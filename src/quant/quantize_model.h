@@ -38,6 +38,8 @@ struct QuantizeOptions {
   // are quantized without it, as llama-quantize does.
   const Imatrix* imatrix = nullptr;
   std::string imatrix_path;  // recorded in the output's metadata
+  // "rtn" (round to nearest with the searches above), or "awq" (quant/awq.h; needs the imatrix).
+  std::string method = "rtn";
 };
 
 struct TensorChoice {
@@ -54,6 +56,7 @@ struct QuantizeReport {
   uint64_t bytes_in = 0, bytes_out = 0, n_params = 0;
   int64_t converted = 0, copied = 0;
   int64_t without_imatrix = 0;  // quantized tensors the imatrix has no entry for
+  std::vector<std::pair<std::string, float>> awq_alphas;  // --method awq: each group's alpha (0: unscaled)
   std::vector<std::string> warnings;  // fallbacks and requantized inputs
 };
 
