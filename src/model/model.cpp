@@ -123,6 +123,13 @@ void Model::apply_rope(float* vec, int64_t n_heads, const float* cs, const float
   }
 }
 
+void Model::observe(int64_t il, std::initializer_list<const char*> kinds, const float* x, int64_t n_tok,
+                    int64_t cols) const {
+  if (!observer_) return;
+  const std::string prefix = il < 0 ? "" : "blk." + std::to_string(il) + ".";
+  for (const char* kind : kinds) observer_(prefix + kind + ".weight", x, n_tok, cols);
+}
+
 void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv,
                             std::vector<float>& x, ShardIo* io) const {
   const auto& c = config_;
@@ -134,6 +141,7 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   const int64_t q_dim = L.wq.rows, kv_dim = L.wk.rows, n_head = q_dim / c.d_head, n_head_kv = kv_dim / c.d_head;
   std::vector<float> h(n_tok * c.n_embd), q(n_tok * q_dim), k(n_tok * kv_dim), v(n_tok * kv_dim);
   rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
+  observe(il, {"attn_q", "attn_k", "attn_v"}, h.data(), n_tok, c.n_embd);
   const cpu::MatmulOut qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   cpu::matmul_many(qkv, h.data(), n_tok);
   add_bias(q.data(), L.bq, n_tok);
@@ -161,6 +169,7 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   }
   cpu::attention_batch({int(n_head), int(n_head_kv), int(c.d_head), c.attn_scale}, queries, kv.view(il));
   std::vector<float> o(n_tok * c.n_embd);
+  observe(il, {"attn_output"}, attn.data(), n_tok, q_dim);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
   if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);  // row-parallel: partial sums
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
@@ -173,6 +182,7 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo*
   const int64_t n_ff = L.w_gate.rows;  // this rank's FFN columns
   std::vector<float> h(n_tok * c.n_embd), gate(n_tok * n_ff), up(n_tok * n_ff), down(n_tok * c.n_embd);
   rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
+  observe(il, {"ffn_gate", "ffn_up"}, h.data(), n_tok, c.n_embd);
   const cpu::MatmulOut gate_up[] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
   cpu::matmul_many(gate_up, h.data(), n_tok);
   const auto act = c.ffn_act == FfnActivation::GeluTanh ? cpu::GluKind::GeluTanh : cpu::GluKind::Silu;
@@ -180,6 +190,7 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo*
     float* g = gate.data() + t * n_ff;
     cpu::glu(act, g, up.data() + t * n_ff, g, n_ff);
   });
+  observe(il, {"ffn_down"}, gate.data(), n_tok, n_ff);
   cpu::matmul(L.w_down, gate.data(), down.data(), n_tok);
   if (io && c.shard.tp > 1) io->tp_sum(down.data(), n_tok * c.n_embd);
   if (c.post_norms) rms_norm_rows(down.data(), L.post_ffn_norm, down.data(), n_tok, c.n_embd, c.norm_eps);
@@ -273,7 +284,9 @@ bool Model::forward_rows(const Batch& batch, KvCache& kv, ShardIo* io, std::vect
   if (!final_rows(batch, kv, out_rows, io)) return false;
   const int64_t n_out = static_cast<int64_t>(out_rows.size()) / c.n_embd;
   logits.resize(n_out * weights_.output.rows);
-  if (n_out > 0) cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
+  if (n_out == 0) return true;
+  observe(-1, {"output"}, out_rows.data(), n_out, c.n_embd);
+  cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
   return true;
 }
 

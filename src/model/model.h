@@ -1,6 +1,8 @@
 // A loaded model (config, weights, tokenizer) and its forward pass over one flattened batch.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,6 +113,14 @@ class ForwardDriver {
   virtual void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden) = 0;
 };
 
+// Sees the input rows x[n_tok][cols] of a weight matrix product during Model::forward, with the
+// matrix's GGUF name ("blk.0.attn_q.weight", ..., "output.weight", also when the output is tied to the
+// embedding). The fused products (q/k/v, gate/up) report the same input once per weight. It is called
+// on the thread that runs forward, between the parallel kernels (never concurrently with itself), so it
+// needs no locking unless one observer serves several models running on different threads. `x` is
+// valid only during the call. A split model (--tp) reports this rank's share of the columns.
+using MatmulObserver = std::function<void(const std::string& weight_name, const float* x, int64_t n_tok, int64_t cols)>;
+
 class Model {
  public:
   // Loads a GGUF file, a .safetensors file or a Hugging Face model directory; throws Error.
@@ -137,6 +147,9 @@ class Model {
                      std::vector<float>* hidden) const;
   // Makes forward() go through `driver` (a split model's leader rank).
   void set_driver(std::shared_ptr<ForwardDriver> driver) { driver_ = std::move(driver); }
+  // Calls `observer` with the input of every weight matrix product of later forward passes (empty:
+  // none; the default, costing one test per product). Not to be changed while a forward runs.
+  void set_matmul_observer(MatmulObserver observer) { observer_ = std::move(observer); }
 
  protected:
   Model() = default;
@@ -145,8 +158,12 @@ class Model {
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<ForwardDriver> driver_;
+  MatmulObserver observer_;
 
  private:
+  // Reports x[n_tok][cols] to the observer, if any, as the input of "blk.{il}.{kind}.weight" for each
+  // kind (il < 0: the un-numbered "{kind}.weight").
+  void observe(int64_t il, std::initializer_list<const char*> kinds, const float* x, int64_t n_tok, int64_t cols) const;
   void validate_batch(const Batch& batch, const KvCache& kv) const;
   // The micro-batches a pipeline stage runs a batch of n_tok tokens in: [begin, end) token ranges.
   std::vector<std::pair<int64_t, int64_t>> micro_batches(int64_t n_tok) const;
