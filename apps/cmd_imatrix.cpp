@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "apps/commands.h"
@@ -67,6 +68,7 @@ void combine(Imatrix& into, const Imatrix& from, const std::string& path, const 
     d.counts[0] += e.counts[0] * scale;
   }
   into.chunk_count += from.chunk_count;
+  if (into.chunk_size == 0) into.chunk_size = from.chunk_size;
   into.datasets.insert(into.datasets.end(), from.datasets.begin(), from.datasets.end());
 }
 
@@ -141,7 +143,7 @@ void run_imatrix(ImatrixOptions o) {
   check(o.ctx >= 4, "-c must be at least 4");
   check(o.batch >= 1, "-b must be at least 1");
   o.batch = std::min(o.batch, o.ctx);
-  if (!o.file.empty()) read_text_file(o.file);  // a missing text fails before the model loads
+  check(o.file.empty() || std::filesystem::is_regular_file(o.file), "{}: no such text file (-f)", o.file);
   std::vector<std::pair<std::string, Imatrix>> inputs;
   for (const auto& f : o.in_files) inputs.emplace_back(f, load_imatrix(f));
   auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
@@ -149,7 +151,7 @@ void run_imatrix(ImatrixOptions o) {
   Imatrix m;
   for (const auto& [path, in] : inputs) combine(m, in, path, widths, o.ctx);
   if (!o.file.empty()) collect(o, *model, m);
-  m.chunk_size = o.ctx;
+  if (!o.file.empty() || m.chunk_size == 0) m.chunk_size = o.ctx;  // combining only: the files' own
   check(!m.entries.empty(), "no matrix had {} or more input rows: nothing to write", kMinRows);
   save_imatrix(m, o.out, dat);
   fmt::print(stderr, "imatrix: {} entries, {} chunks of {} written to {} ({})\n", m.entries.size(), m.chunk_count,
