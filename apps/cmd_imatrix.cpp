@@ -132,6 +132,8 @@ void collect(const ImatrixOptions& o, Model& model, Imatrix& m) {
     std::fflush(stdout);
   }
   model.set_matmul_observer(nullptr);
+  for (const auto& [name, e] : m.entries)
+    for (double v : e.sum2) check(std::isfinite(v), "{}: non-finite activations (the model overflows on this text)", name);
   m.chunk_count += int(chunks.size());
   m.datasets.push_back(o.file);
 }
