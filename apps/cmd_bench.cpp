@@ -184,7 +184,7 @@ void run_bench(const BenchOptions& o) {
       if (o.roofline) {
         // Per token: every layer matrix and the output matrix, plus the K and V rows it attends to (on
         // average depth + (n - 1) / 2 positions, every layer).
-        const double kv = double(cfg.n_layer) * 2 * double(cfg.kv_dim()) * (o.cache_type == "f32" ? 4 : 2) *
+        const double kv = double(cfg.n_layer) * 2 * double(cfg.kv_dim()) * bytes_per_elem(parse_cache_type(o.cache_type)) *
                           (depth + (o.n_gen - 1) / 2.0);
         const double bps = (wc.layer_bytes + wc.output_bytes + kv) * tps;
         roof = fmt::format("{:.1f} GB/s = {:.1f}% of read bw", bps * 1e-9, 100 * bps / peaks.read_bytes_per_s);
@@ -219,7 +219,7 @@ void add_bench(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("-r,--repetitions", o->reps, "repetitions (default 3)");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
-  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
+  cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);
   cmd->add_flag("--roofline", o->roofline,
                 "measure the int8 peak and read bandwidth first and show each test as a fraction of them");
   cmd->add_option("-f,--file", o->prompt_file,

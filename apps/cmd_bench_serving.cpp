@@ -86,7 +86,7 @@ int naive_batch_size(const Model& m, const std::vector<NaiveRequest>& work, cons
   int max_out = 0;
   for (const auto& r : work) longest = std::max(longest, r.prompt.size()), max_out = std::max(max_out, r.params.max_tokens);
   const EngineConfig cfg = o.engine.config();
-  const uint64_t per_request = uint64_t(m.config().kv_bytes_per_token(cfg.kv_type == DType::F32 ? 4 : 2)) *
+  const uint64_t per_request = uint64_t(m.config().kv_bytes_per_token(bytes_per_elem(cfg.kv_type))) *
                                (longest + uint64_t(max_out));
   const uint64_t fits = per_request > 0 ? cfg.kv_cache_bytes / per_request : uint64_t(o.concurrency);
   check(fits > 0, "the KV budget does not hold one request of {} tokens", longest + max_out);

@@ -150,7 +150,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("-s,--seed", s.seed, "random seed (same seed, same output)");
   cmd->add_option("--logprobs", s.n_logprobs, "report the top N log-probabilities per token (with --json)");
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
-  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
+  cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
   cmd->add_flag("--parse-special", o->special, "turn special-token text in the prompt into its id");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");

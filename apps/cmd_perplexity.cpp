@@ -81,7 +81,7 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   o->parallel.add_to(cmd);
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
-  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default, as llama.cpp) or f32");
+  cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);
   cmd->callback([o] { run_perplexity(*o); });
 }
 
@@ -134,7 +134,7 @@ void add_score(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "model")->required();
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("--ids", o->ids, "comma-separated continuation token ids")->required();
-  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type (f16, f32)");
+  cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
   cmd->callback([o] { run_score(*o); });

@@ -44,7 +44,7 @@ void print_ranks(const PlanOptions& o, const PlanInput& in) {
     const auto m = Model::load(path, lo);
     const ShardLayout& s = m->config().shard;
     const uint64_t w = m->weights().weight_bytes;
-    const uint64_t kv_tok = uint64_t(m->config().local_kv_bytes_per_token(int64_t(in.kv_dtype_bytes)));
+    const uint64_t kv_tok = uint64_t(m->config().local_kv_bytes_per_token(in.kv_dtype_bytes));
     const uint64_t kv_seq = kv_tok * uint64_t(in.context);
     const uint64_t fit = in.memory_bytes > w && kv_seq ? (in.memory_bytes - w) / kv_seq : 0;
     fmt::print("| {} | {} | {} | {}-{} | {} | {} | {} | {} | {} | {} |\n", r, s.stage, s.tp_rank, s.layer_begin,
@@ -135,7 +135,9 @@ void add_plan(CLI::App& app) {
   cmd->add_option("--head-dim", o->head_dim, "head dimension");
   cmd->add_option("-c,--context", o->context, "tokens per sequence (default 8192)");
   cmd->add_option("--memory", o->memory, "device memory, e.g. 80GiB, 48GB (default 80GiB)");
-  cmd->add_option("--kv-dtype", o->kv_dtype, "f16 (default), bf16, fp8, int8, f32");
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV dtype, as --cache-type: f16 (default), f32, bf16, q8_0 (34 bytes per 32 values), fp8_e4m3 "
+                  "(alias fp8); also int8 (1 byte)");
   cmd->add_option("--users", o->users, "concurrent sequences to size for");
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->add_option("--tp", o->tp, "also show each rank's memory with the model split over this many TP ranks");

@@ -352,7 +352,7 @@ void add_quality(CLI::App& app) {
   cmd->add_option("-b,--batch-size", o->batch, "tokens per forward pass (default 512)");
   cmd->add_option("--chunks", o->max_chunks, "score at most this many chunks");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
-  cmd->add_option("--cache-type,--cache-type-k", o->cache_type, "KV cache type for K and V: f16 (default) or f32");
+  cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);
   cmd->add_option("--json", o->json, "also write the table to this JSON file");
   cmd->add_option("--png", o->png, "plot mean KL and PPL change against bits per weight to this PNG");
   cmd->footer(

@@ -28,8 +28,12 @@ void add_imatrix(CLI::App& app);
 std::string resolve_model_path(const std::string& name_or_path);
 // Directory of the model cache (SERVAL_MODEL_CACHE overrides ~/.cache/serval/models).
 std::string model_cache_dir();
-// "f16" / "f32" to a KV cache type; throws Error otherwise.
+// A --cache-type / --kv-cache-dtype value (f32, f16, bf16, q8_0, fp8_e4m3 or fp8) to a KV cache type;
+// throws Error otherwise.
 DType parse_cache_type(const std::string& name);
+inline constexpr const char* kKvCacheTypeHelp =
+    "KV cache type for K and V: f16 (default, as llama.cpp), f32, bf16, q8_0 (32 values in 34 bytes), "
+    "fp8_e4m3 (alias fp8; 1 byte, a fixed scale per layer and KV head)";
 // Sets the process-wide compute thread count (base/cpu.h): n > 0 that many, otherwise the cores
 // available to the process. Applied to the calling thread and to every EngineLoop thread.
 void set_threads(int n);

@@ -92,7 +92,7 @@ struct EngineFlags {
   void add_to(CLI::App* cmd, bool with_max_seqs = true) {
     cmd->add_option("--kv-cache-memory", kv_memory,
                     "KV budget: bytes (512MiB, 2GB) or a fraction of free memory (default " + kv_memory + ")");
-    cmd->add_option("--cache-type,--cache-type-k", cache_type, "KV cache type: f16 (default) or f32");
+    cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", cache_type, kKvCacheTypeHelp);
     cmd->add_option("--block-size", block_size, "tokens per KV block (default 16)");
     cmd->add_option("--max-batched-tokens", max_batched_tokens, "tokens per engine step (default 512)");
     if (with_max_seqs) cmd->add_option("--max-seqs", max_seqs, "running requests at most (default 64)");

@@ -7,6 +7,7 @@
 #include "base/cpu.h"
 #include "base/error.h"
 #include "dist/runtime.h"
+#include "engine/capacity.h"
 
 namespace serval::cli {
 
@@ -23,11 +24,7 @@ std::string resolve_model_path(const std::string& name) {
   fail("{}: no such file, and no model of that name in {} (try `serval pull {}`)", name, model_cache_dir(), name);
 }
 
-DType parse_cache_type(const std::string& name) {
-  if (name == "f16") return DType::F16;
-  if (name == "f32") return DType::F32;
-  fail("unsupported KV cache type '{}' (f16, f32)", name);
-}
+DType parse_cache_type(const std::string& name) { return parse_kv_cache_type(name); }
 
 void set_threads(int n) { set_compute_threads(n); }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "base/error.h"
 
@@ -41,12 +42,32 @@ bool plan_preset(const std::string& name, PlanInput& in) {
   return true;
 }
 
+namespace {
+
+constexpr std::pair<const char*, DType> kKvTypes[] = {
+    {"f32", DType::F32}, {"f16", DType::F16}, {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
+    {"fp8_e4m3", DType::F8_E4M3}, {"fp8", DType::F8_E4M3},
+};
+
+}  // namespace
+
+DType parse_kv_cache_type(const std::string& name) {
+  for (const auto& [n, t] : kKvTypes)
+    if (name == n) return t;
+  fail("unsupported KV cache type '{}' (f32, f16, bf16, q8_0, fp8_e4m3)", name);
+}
+
+std::string kv_cache_type_name(DType type) {
+  for (const auto& [n, t] : kKvTypes)
+    if (t == type) return n;
+  fail("internal: {} is not a KV cache type", dtype_info(type).name);
+}
+
 double kv_dtype_bytes(const std::string& name) {
-  static const std::map<std::string, double> sizes = {
-      {"f32", 4}, {"fp32", 4}, {"f16", 2}, {"fp16", 2}, {"bf16", 2}, {"fp8", 1}, {"int8", 1}, {"q8_0", 34.0 / 32}};
-  auto it = sizes.find(name);
-  check(it != sizes.end(), "unknown KV dtype '{}' (f32, f16, bf16, fp8, int8, q8_0)", name);
-  return it->second;
+  if (name == "fp32") return 4;
+  if (name == "fp16") return 2;
+  if (name == "int8") return 1;
+  return bytes_per_elem(parse_kv_cache_type(name));
 }
 
 }  // namespace serval

@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "io/ggml_types.h"
+
 namespace serval {
 
 struct PlanInput {
@@ -35,7 +37,13 @@ PlanResult plan_capacity(const PlanInput& in);
 // Known shapes: "llama3-8b", "llama3-70b", "qwen2.5-0.5b", ... ; false if unknown.
 bool plan_preset(const std::string& name, PlanInput& in);
 
-// Bytes per element of a KV dtype name (f32, f16, bf16, fp8, int8); throws Error.
+// KV cache types by their command-line names (--cache-type, --kv-cache-dtype, plan --kv-dtype): f32,
+// f16, bf16, q8_0, fp8_e4m3 (alias fp8). Throws Error naming the accepted values.
+DType parse_kv_cache_type(const std::string& name);
+std::string kv_cache_type_name(DType type);
+
+// Bytes per element of a KV dtype name: parse_kv_cache_type's names (q8_0: 34 / 32), and for
+// pricing only fp32, fp16 and int8; throws Error.
 double kv_dtype_bytes(const std::string& name);
 
 }  // namespace serval

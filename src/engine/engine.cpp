@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "engine/capacity.h"
+
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -39,16 +41,16 @@ uint64_t kv_budget_from_string(const std::string& text) {
 
 std::string KvCapacity::describe(int64_t max_model_len) const {
   return fmt::format(
-      "KV cache{}: {} bytes per token (2 x layers x kv heads x d_head x dtype bytes), {} blocks of {} tokens "
+      "KV cache{}: {}, {} bytes per token (2 x layers x kv heads x d_head x dtype bytes), {} blocks of {} tokens "
       "= {} tokens, {:.1f} MiB; {:.2f} sequences of the full context ({} tokens) fit",
-      ranks > 1 ? fmt::format(" (each of {} ranks; the largest share)", ranks) : "", bytes_per_token, num_blocks, block_size, tokens, double(bytes) / 1048576.0, full_context_sequences, max_model_len);
+      ranks > 1 ? fmt::format(" (each of {} ranks; the largest share)", ranks) : "", dtype, bytes_per_token, num_blocks, block_size, tokens, double(bytes) / 1048576.0, full_context_sequences, max_model_len);
 }
 
 namespace {
 
 // KV bytes per token of the largest rank's cache: the budget is per rank (as vLLM's is per GPU), and
 // every rank holds the same slots. The whole model's when it is not split.
-int64_t rank_kv_bytes_per_token(const ModelConfig& c, int64_t dtype_bytes) {
+int64_t rank_kv_bytes_per_token(const ModelConfig& c, double dtype_bytes) {
   if (!c.shard.split()) return c.kv_bytes_per_token(dtype_bytes);
   int64_t most = 0;
   for (int stage = 0; stage < c.shard.pp; ++stage)
@@ -65,8 +67,9 @@ int64_t rank_kv_bytes_per_token(const ModelConfig& c, int64_t dtype_bytes) {
 Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_(std::move(config)) {
   const auto& c = model_.config();
   max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, c.n_ctx_train) : c.n_ctx_train;
-  const int64_t dtype_bytes = config_.kv_type == DType::F16 ? 2 : 4;
+  const double dtype_bytes = bytes_per_elem(config_.kv_type);
   capacity_.bytes_per_token = rank_kv_bytes_per_token(c, dtype_bytes);
+  capacity_.dtype = kv_cache_type_name(config_.kv_type);
   capacity_.ranks = c.shard.tp * c.shard.pp;
   capacity_.block_size = config_.block_size;
   const uint64_t bytes_per_block = uint64_t(capacity_.bytes_per_token) * config_.block_size;

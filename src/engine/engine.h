@@ -51,6 +51,7 @@ struct KvCapacity {
   int64_t tokens = 0;           // num_blocks x block_size
   uint64_t bytes = 0;
   double full_context_sequences = 0;  // sequences of max_model_len that fit
+  std::string dtype = "f16";          // the cache type's command-line name
   std::string describe(int64_t max_model_len) const;
 };
 

@@ -9,7 +9,7 @@
 namespace serval {
 namespace {
 
-constexpr std::array<DTypeInfo, 14> kTypes = {{
+constexpr std::array<DTypeInfo, 15> kTypes = {{
     {DType::F32, "F32", 1, 4},      {DType::F16, "F16", 1, 2},
     {DType::BF16, "BF16", 1, 2},    {DType::Q4_0, "Q4_0", 32, 18},
     {DType::Q4_1, "Q4_1", 32, 20},  {DType::Q5_0, "Q5_0", 32, 22},
@@ -17,6 +17,7 @@ constexpr std::array<DTypeInfo, 14> kTypes = {{
     {DType::Q2_K, "Q2_K", 256, 84}, {DType::Q3_K, "Q3_K", 256, 110},
     {DType::Q4_K, "Q4_K", 256, 144}, {DType::Q5_K, "Q5_K", 256, 176},
     {DType::Q6_K, "Q6_K", 256, 210}, {DType::IQ4_NL, "IQ4_NL", 32, 18},
+    {DType::F8_E4M3, "F8_E4M3", 1, 1},
 }};
 
 // Names of GGUF types that exist but that Serval does not implement, for clear errors.
@@ -31,7 +32,7 @@ constexpr std::array<std::string_view, 42> kAllNames = {
 
 std::optional<DTypeInfo> dtype_info(uint32_t type_id) {
   for (const auto& t : kTypes)
-    if (static_cast<uint32_t>(t.type) == type_id) return t;
+    if (static_cast<uint32_t>(t.type) == type_id && t.type != DType::F8_E4M3) return t;
   return std::nullopt;
 }
 
@@ -44,6 +45,11 @@ const DTypeInfo& dtype_info(DType type) {
 std::string dtype_name(uint32_t type_id) {
   if (type_id < kAllNames.size() && !kAllNames[type_id].empty()) return std::string(kAllNames[type_id]);
   return fmt::format("type {}", type_id);
+}
+
+double bytes_per_elem(DType type) {
+  const auto& info = dtype_info(type);
+  return double(info.block_bytes) / double(info.block_elems);
 }
 
 size_t row_bytes(DType type, size_t n) {

@@ -38,8 +38,14 @@ struct KvLayerView {
   const uint8_t* k = nullptr;  // [n_slots, kv_dim]
   const uint8_t* v = nullptr;  // [n_slots, kv_dim]
   int64_t kv_dim = 0;
+  // FP8 (F8_E4M3) caches: the stored value times the scale of its KV head (d_head values per head);
+  // null: 1. Fixed per layer and head (never computed from a batch), so stored bytes and the values
+  // read back never depend on what else was in the batch.
+  int64_t d_head = 0;
+  const float* head_scale = nullptr;
 
   // Copies `n` elements of slot `slot` starting at element `offset` of K (or V) into `out` as floats.
+  // Types: F32, F16, BF16, Q8_0 (offset and n multiples of 32), F8_E4M3 (one KV head at most).
   void load(const uint8_t* pool, int32_t slot, int64_t offset, int64_t n, float* out) const;
 };
 

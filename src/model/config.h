@@ -1,5 +1,6 @@
 // Model hyperparameters, read from GGUF keys or a Hugging Face config.json, and validated.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,14 +42,17 @@ struct ModelConfig {
   int64_t q_dim() const { return n_head * d_head; }
   int64_t kv_dim() const { return n_head_kv * d_head; }
   // KV bytes per token: 2 x n_layers x n_kv_heads x d_head x dtype_bytes.
-  int64_t kv_bytes_per_token(int64_t dtype_bytes) const { return 2 * n_layer * n_head_kv * d_head * dtype_bytes; }
+  // dtype_bytes may be fractional: Q8_0 stores 32 values in 34 bytes.
+  int64_t kv_bytes_per_token(double dtype_bytes) const {
+    return std::llround(double(2 * n_layer * n_head_kv * d_head) * dtype_bytes);
+  }
   // Whether this rank computes layer `il`, and the width of its K (or V) rows (its KV heads).
   bool owns_layer(int64_t il) const { return !shard.split() || (il >= shard.layer_begin && il < shard.layer_end); }
   int64_t local_kv_dim() const { return shard.split() ? (shard.kv_head_end - shard.kv_head_begin) * d_head : kv_dim(); }
   // KV bytes per token in this rank's cache (its layers, its KV heads): kv_bytes_per_token unless split.
-  int64_t local_kv_bytes_per_token(int64_t dtype_bytes) const {
+  int64_t local_kv_bytes_per_token(double dtype_bytes) const {
     const int64_t layers = shard.split() ? shard.layer_end - shard.layer_begin : n_layer;
-    return 2 * layers * local_kv_dim() * dtype_bytes;
+    return std::llround(double(2 * layers * local_kv_dim()) * dtype_bytes);
   }
   // KV groups: layers whose caches are paged together. Gemma 3 has two (0: global layers,
   // 1: sliding-window layers, whose old blocks can be freed); other models have one.

@@ -8,18 +8,24 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "tensor/dequant.h"
+#include "tensor/quantize.h"
 
 namespace serval {
 
 KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
-    : n_slots_(std::move(n_slots)), kv_dim_(c.local_kv_dim()), type_(type), elem_bytes_(type == DType::F16 ? 2 : 4),
+    : n_slots_(std::move(n_slots)), kv_dim_(c.local_kv_dim()), type_(type), d_head_(c.d_head),
+      n_head_kv_(c.local_kv_dim() / c.d_head), row_bytes_(0), head_scale_(size_t(c.n_layer * n_head_kv_), 1.0f),
       record_copies_(c.shard.split() && c.shard.rank() == 0) {
-  check(type == DType::F16 || type == DType::F32, "KV cache type must be f16 or f32");
+  check(type == DType::F16 || type == DType::F32 || type == DType::BF16 || type == DType::Q8_0 ||
+            type == DType::F8_E4M3,
+        "KV cache type must be f32, f16, bf16, q8_0 or fp8_e4m3");
+  check(type != DType::Q8_0 || c.d_head % 32 == 0, "a q8_0 KV cache needs a head dimension that is a multiple of 32 (this model's is {})", c.d_head);
   check(int(n_slots_.size()) == c.n_kv_groups(), "KV cache needs {} groups", c.n_kv_groups());
+  row_bytes_ = row_bytes(type, size_t(kv_dim_));
   for (int64_t il = 0; il < c.n_layer; ++il) {
     layer_group_.push_back(c.kv_group(il));
     // Another pipeline stage's layers hold nothing here.
-    const size_t bytes = c.owns_layer(il) ? size_t(n_slots_[layer_group_.back()]) * kv_dim_ * elem_bytes_ : 0;
+    const size_t bytes = c.owns_layer(il) ? size_t(n_slots_[layer_group_.back()]) * row_bytes_ : 0;
     k_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
     v_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
   }
@@ -34,23 +40,38 @@ uint64_t KvCache::bytes() const {
   return total;
 }
 
-void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
-  uint8_t* kd = k_[layer].data.get() + int64_t(slot) * kv_dim_ * elem_bytes_;
-  uint8_t* vd = v_[layer].data.get() + int64_t(slot) * kv_dim_ * elem_bytes_;
-  if (type_ == DType::F32) {
-    std::memcpy(kd, k, kv_dim_ * 4);
-    std::memcpy(vd, v, kv_dim_ * 4);
-    return;
+void KvCache::set_head_scale(int64_t layer, int64_t head, float scale) {
+  check(scale > 0 && std::isfinite(scale), "a KV head scale must be positive and finite");
+  head_scale_[layer * n_head_kv_ + head] = scale;
+}
+
+namespace {
+
+// One K or V row (kv_dim values) in the cache's type; FP8 divides each head's values by its scale.
+void store_row(DType type, const float* x, uint8_t* out, int64_t kv_dim, int64_t d_head, const float* scale) {
+  switch (type) {
+    case DType::F32: std::memcpy(out, x, size_t(kv_dim) * 4); return;
+    case DType::F16: f32_to_fp16_row(x, reinterpret_cast<uint16_t*>(out), size_t(kv_dim)); return;
+    case DType::F8_E4M3:
+      for (int64_t i = 0; i < kv_dim; ++i) out[i] = f32_to_fp8_e4m3(x[i] / scale[i / d_head]);
+      return;
+    default: quantize_row(type, x, out, size_t(kv_dim));  // BF16, Q8_0: per 32 values of one head
   }
-  f32_to_fp16_row(k, reinterpret_cast<uint16_t*>(kd), kv_dim_);
-  f32_to_fp16_row(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
+}
+
+}  // namespace
+
+void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
+  const float* scale = head_scale_.data() + layer * n_head_kv_;
+  store_row(type_, k, k_[layer].data.get() + int64_t(slot) * row_bytes_, kv_dim_, d_head_, scale);
+  store_row(type_, v, v_[layer].data.get() + int64_t(slot) * row_bytes_, kv_dim_, d_head_, scale);
 }
 
 void KvCache::copy_slot(int group, int32_t from, int32_t to) {
   check(group >= 0 && group < n_groups() && from >= 0 && to >= 0 && from < n_slots_[group] && to < n_slots_[group],
         "KV slot copy out of range");
   if (record_copies_) copies_.push_back({group, from, to});
-  const size_t row = size_t(kv_dim_) * elem_bytes_;
+  const size_t row = row_bytes_;
   for (size_t il = 0; il < layer_group_.size(); ++il) {
     if (layer_group_[il] != group || k_[il].bytes == 0) continue;
     std::memcpy(k_[il].data.get() + size_t(to) * row, k_[il].data.get() + size_t(from) * row, row);
@@ -58,7 +79,9 @@ void KvCache::copy_slot(int group, int32_t from, int32_t to) {
   }
 }
 
-KvLayerView KvCache::view(int64_t layer) const { return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_}; }
+KvLayerView KvCache::view(int64_t layer) const {
+  return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_, d_head_, head_scale_.data() + layer * n_head_kv_};
+}
 
 void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits) {
   tokens.push_back(token);

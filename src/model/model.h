@@ -15,8 +15,10 @@
 
 namespace serval {
 
-// K and V of every layer in slots of kv_dim elements (F16 by default, as llama.cpp; or F32). Each KV
-// group (see ModelConfig::kv_group) has its own slot space; a sequence maps positions to slots.
+// K and V of every layer in slots of kv_dim elements (F16 by default, as llama.cpp; F32, BF16, Q8_0 or
+// F8_E4M3). Each KV group (see ModelConfig::kv_group) has its own slot space; a sequence maps
+// positions to slots. A token's K and V are quantized alone (Q8_0: blocks of 32 values of one head;
+// F8_E4M3: a fixed scale per layer and KV head, 1 unless set): the bytes never depend on the batch.
 class KvCache {
  public:
   // `n_slots[g]` slots for group g.
@@ -28,7 +30,10 @@ class KvCache {
   int64_t kv_dim() const { return kv_dim_; }
   DType type() const { return type_; }
   // Bytes of K and V per token per layer.
-  size_t bytes_per_slot_per_layer() const { return 2 * kv_dim_ * elem_bytes_; }
+  size_t bytes_per_slot_per_layer() const { return 2 * row_bytes_; }
+  // F8_E4M3: the scale of KV head `head` of `layer` (stored = value / scale). Set before any write.
+  float head_scale(int64_t layer, int64_t head) const { return head_scale_[layer * n_head_kv_ + head]; }
+  void set_head_scale(int64_t layer, int64_t head, float scale);
   // Stores one token's K and V (kv_dim floats each) of `layer` in `slot` of the layer's group.
   void write(int64_t layer, int32_t slot, const float* k, const float* v);
   // Copies K and V of slot `from` to slot `to` in every layer of KV group `group`.
@@ -47,7 +52,9 @@ class KvCache {
   std::vector<int> layer_group_;
   int64_t kv_dim_;
   DType type_;
-  size_t elem_bytes_;
+  int64_t d_head_, n_head_kv_;
+  size_t row_bytes_;                // bytes of one slot's K (or V) row of a layer
+  std::vector<float> head_scale_;  // [layer][local KV head]
   // Uninitialized on purpose: pages are only touched (and become resident) when written.
   struct Pool {
     std::unique_ptr<uint8_t[]> data;

@@ -1,6 +1,9 @@
 #include "tensor/dequant.h"
 
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <immintrin.h>
 
@@ -94,8 +97,46 @@ uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return 
 
 }  // namespace
 
+float fp8_e4m3_to_f32(uint8_t x) {
+  const int e = (x >> 3) & 15, m = x & 7;
+  const float sign = (x & 0x80) ? -1.0f : 1.0f;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(float(m), -9);  // subnormal: m / 8 * 2^-6
+  return sign * std::ldexp(float(8 + m), e - 10);     // (1 + m / 8) * 2^(e - 7)
+}
+
+uint8_t f32_to_fp8_e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7F;
+  const float a = std::fabs(f);
+  if (!(a < 448.0f)) return sign | 0x7E;
+  // Subnormals (and the smallest normal, code 8) in steps of 2^-9; scaling by powers of 2 is exact,
+  // so nearbyint (the default mode: to nearest even) is the only rounding.
+  if (a < 0x1p-6f) return sign | uint8_t(std::nearbyint(a * 512.0f));
+  int k = 0;
+  std::frexp(a, &k);  // a = f * 2^k, f in [0.5, 1): exponent k - 1
+  int e = k - 1, r = int(std::nearbyint(std::ldexp(a, 3 - e)));  // r in [8, 16]
+  if (r == 16) r = 8, ++e;
+  const int code = (e + 7) << 3 | (r - 8);
+  return sign | uint8_t(code > 0x7E ? 0x7E : code);
+}
+
+const float* fp8_e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = fp8_e4m3_to_f32(uint8_t(i));
+    return t;
+  }();
+  return table.data();
+}
+
 void dequantize_row(DType type, const uint8_t* src, float* dst, size_t n) {
   switch (type) {
+    case DType::F8_E4M3: {
+      const float* t = fp8_e4m3_table();
+      for (size_t i = 0; i < n; ++i) dst[i] = t[src[i]];
+      return;
+    }
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::F16:
       if (reinterpret_cast<uintptr_t>(src) % alignof(uint16_t) == 0) {

@@ -19,6 +19,13 @@ uint16_t f32_to_fp16_portable(float f);
 void fp16_to_f32_row(const uint16_t* src, float* dst, size_t n);
 void f32_to_fp16_row(const float* src, uint16_t* dst, size_t n);
 
+// FP8 E4M3FN (bias 7, max 448, no infinities, NaN 0x7F / 0xFF) to float (exact), and float to it:
+// round to nearest even, saturating to +-448 (infinities included); NaN gives 0x7F or 0xFF.
+float fp8_e4m3_to_f32(uint8_t x);
+uint8_t f32_to_fp8_e4m3(float f);
+// The 256 values of fp8_e4m3_to_f32, by code.
+const float* fp8_e4m3_table();
+
 // Dequantizes `n` elements (a multiple of the type's block size) from `src` into `dst`.
 void dequantize_row(DType type, const uint8_t* src, float* dst, size_t n);
 

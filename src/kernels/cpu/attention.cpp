@@ -149,6 +149,25 @@ float* thread_buffer(int slot, int64_t n) {
 // 2 computes them again (the same values; only the cost differs).
 std::atomic<int64_t> g_task_scores{int64_t(1) << 20}, g_call_scores{int64_t(1) << 22};
 
+// Rows of the types the kernels do not convert themselves, dequantized as KvLayerView::load does (the
+// reference's values): the same functions, FP8 times its head's scale.
+void dequant_bf16(const uint8_t* src, float* dst, int n, float) { dequantize_row(DType::BF16, src, dst, size_t(n)); }
+void dequant_q8_0(const uint8_t* src, float* dst, int n, float) { dequantize_row(DType::Q8_0, src, dst, size_t(n)); }
+void dequant_fp8(const uint8_t* src, float* dst, int n, float scale) {
+  const float* t = fp8_e4m3_table();
+  for (int i = 0; i < n; ++i) dst[i] = t[src[i]] * scale;
+}
+
+using DequantFn = void (*)(const uint8_t*, float*, int, float);
+DequantFn dequant_fn(DType type) {
+  switch (type) {
+    case DType::BF16: return dequant_bf16;
+    case DType::Q8_0: return dequant_q8_0;
+    case DType::F8_E4M3: return dequant_fp8;
+    default: return nullptr;
+  }
+}
+
 // A query tile: queries [begin, begin + n) of the call.
 struct Tile {
   int64_t begin = 0;
@@ -179,7 +198,13 @@ void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> qu
   using namespace attn;
   if (queries.empty()) return;
   check(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.d_head > 0, "attention: bad head shape");
-  check(kv.type == DType::F16 || kv.type == DType::F32, "attention: the KV cache must be F16 or F32");
+  check(kv.type == DType::F16 || kv.type == DType::F32 || kv.type == DType::BF16 || kv.type == DType::Q8_0 ||
+            kv.type == DType::F8_E4M3,
+        "attention: the KV cache must be F32, F16, BF16, Q8_0 or F8_E4M3");
+  check(kv.type != DType::Q8_0 || s.d_head % 32 == 0, "attention: a Q8_0 cache needs d_head a multiple of 32");
+  const KvKind kind = kv.type == DType::F32 ? KvKind::F32 : kv.type == DType::F16 ? KvKind::F16 : KvKind::Dequant;
+  const int64_t slot_bytes = int64_t(row_bytes(kv.type, size_t(kv.kv_dim)));
+  const int64_t head_bytes = int64_t(row_bytes(kv.type, size_t(s.d_head)));
   const int group = s.n_head / s.n_head_kv;
   const int max_q = std::clamp(kMaxTileRows / group, 1, kMaxTileQueries);
 
@@ -221,12 +246,14 @@ void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> qu
   auto args = [&](const Tile& t, int kv_head) {
     const AttentionQuery& q0 = queries[t.begin];
     TileArgs a;
-    a.n_q = t.n, a.group = group, a.d_head = s.d_head, a.scale = s.scale, a.half = kv.type == DType::F16;
+    a.n_q = t.n, a.group = group, a.d_head = s.d_head, a.scale = s.scale, a.half = kv.type != DType::F32;
     a.kv_head = kv_head;
+    a.kind = kind, a.dequant = dequant_fn(kv.type);
+    a.head_scale = kv.type == DType::F8_E4M3 && kv.head_scale ? kv.head_scale[kv_head] : 1.0f;
     a.q = qp.data() + t.begin, a.out = op.data() + t.begin;
     a.first = first.data() + t.begin, a.last = last.data() + t.begin;
     a.blocks = q0.keys.blocks.data(), a.block_size = q0.keys.block_size;
-    a.k = kv.k, a.v = kv.v, a.kv_dim = kv.kv_dim;
+    a.k = kv.k, a.v = kv.v, a.slot_bytes = slot_bytes, a.head_bytes = head_bytes;
     a.scratch = thread_buffer(0, scratch_floats(t.n * group, s.d_head, kernel.lanes));
     return a;
   };

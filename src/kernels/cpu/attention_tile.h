@@ -28,14 +28,22 @@ enum class Mode {
   Sum,     // the outputs: the sums of chunks [c_begin, c_end) from `partial`, in order
 };
 
+enum class KvKind { F32, F16, Dequant };
+
 struct TileArgs {
   // Shape.
   int n_q = 0;     // queries in the tile (1 .. kMaxTileQueries)
   int group = 0;   // query heads per KV head
   int d_head = 0;
   float scale = 1.0f;
-  bool half = false;  // F16 cache (else F32)
+  bool half = false;  // F16 rounding points (the query, the normalised weights): every cache but F32
   int kv_head = 0;
+  // The cache's rows: F32 is read in place, F16 converted in registers; any other type (BF16, Q8_0,
+  // F8_E4M3) is dequantized row by row into the tile's scratch by `dequant` (out-of-line, portable:
+  // the values the reference reads), FP8 times `head_scale`.
+  KvKind kind = KvKind::F32;
+  void (*dequant)(const uint8_t* src, float* dst, int n, float scale) = nullptr;
+  float head_scale = 1.0f;
   // Per query of the tile.
   const float* const* q = nullptr;  // each: n_head * d_head floats (heads kv_head*group .. +group)
   float* const* out = nullptr;      // each: n_head * d_head floats
@@ -46,7 +54,8 @@ struct TileArgs {
   int32_t block_size = 1;
   const uint8_t* k = nullptr;  // pools [n_slots, kv_dim]
   const uint8_t* v = nullptr;
-  int64_t kv_dim = 0;
+  int64_t slot_bytes = 0;  // bytes of a slot's row (kv_dim values)
+  int64_t head_bytes = 0;  // bytes of one head's part of it (d_head values)
   // Work.
   Mode mode = Mode::Full;
   int64_t c_begin = 0, c_end = 0;  // the chunks of the tile's keys

@@ -303,9 +303,20 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
 }
 
 // Byte offset of the K (or V) row part of kv head `a.kv_head` at position p.
-inline int64_t row_offset(const TileArgs& a, int64_t p, int64_t esize) {
+inline int64_t row_offset(const TileArgs& a, int64_t p) {
   const int64_t slot = int64_t(a.blocks[p / a.block_size]) * a.block_size + p % a.block_size;
-  return (slot * a.kv_dim + int64_t(a.kv_head) * a.d_head) * esize;
+  return slot * a.slot_bytes + int64_t(a.kv_head) * a.head_bytes;
+}
+
+// Row j of the tile as floats: F32 in place; otherwise converted into `tmp`.
+template <class V>
+const float* tile_row(const TileArgs& a, const uint8_t* src, float* tmp, int D) {
+  switch (a.kind) {
+    case KvKind::F32: return reinterpret_cast<const float*>(src);
+    case KvKind::F16: V::cvt_f16_row(reinterpret_cast<const uint16_t*>(src), tmp, D); return tmp;
+    case KvKind::Dequant: a.dequant(src, tmp, D, a.head_scale); return tmp;
+  }
+  return tmp;
 }
 
 // Runs pass 1 (Values = false) or pass 2 over the keys of chunk c that any row of the tile sees,
@@ -315,7 +326,7 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
   const int D = L.d;
   const int64_t lo = c * kChunk > ulo ? c * kChunk : ulo;
   const int64_t hi = c * kChunk + kChunk - 1 < uhi ? c * kChunk + kChunk - 1 : uhi;
-  const int64_t esize = a.half ? 2 : 4, row_bytes = D * esize;
+  const int64_t row_bytes = a.head_bytes;
   const float* kp[kKeyTile];
   const float* vp[kKeyTile];
   // Pass 1 keeps the scores of the chunk's tiles here, pass 2 reads them (when there is room).
@@ -327,7 +338,7 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
     // The next tile's rows are fetched while this one is computed (blocks are scattered in the
     // pool, beyond what the hardware prefetcher follows).
     for (int64_t p = tlo + kKeyTile; p < tlo + 2 * kKeyTile && p <= hi; ++p) {
-      const int64_t off = row_offset(a, p, esize);
+      const int64_t off = row_offset(a, p);
       for (int64_t b = 0; b < row_bytes; b += 64) {
         if (need_k) V::prefetch(a.k + off + b);
         if (Values) V::prefetch(a.v + off + b);
@@ -339,22 +350,9 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         kp[j] = vp[j] = sc + L.zrow;
         continue;
       }
-      const int64_t off = row_offset(a, p, esize);
-      if (a.half) {
-        if (need_k) {
-          float* kr = sc + L.kt + int64_t(j) * D;
-          V::cvt_f16_row(reinterpret_cast<const uint16_t*>(a.k + off), kr, D);
-          kp[j] = kr;
-        }
-        if (Values) {
-          float* vr = sc + L.vt + int64_t(j) * D;
-          V::cvt_f16_row(reinterpret_cast<const uint16_t*>(a.v + off), vr, D);
-          vp[j] = vr;
-        }
-      } else {
-        kp[j] = reinterpret_cast<const float*>(a.k + off);
-        vp[j] = reinterpret_cast<const float*>(a.v + off);
-      }
+      const int64_t off = row_offset(a, p);
+      if (need_k) kp[j] = tile_row<V>(a, a.k + off, sc + L.kt + int64_t(j) * D, D);
+      if (Values) vp[j] = tile_row<V>(a, a.v + off, sc + L.vt + int64_t(j) * D, D);
     }
     const int64_t thi = tlo + kKeyTile - 1;
     for (int v = 0; v < L.nv; v += V::kRowVectors) {

@@ -241,8 +241,10 @@ float gelu_tanh(float x) {
 }
 
 void KvLayerView::load(const uint8_t* pool, int32_t slot, int64_t offset, int64_t n, float* out) const {
-  const size_t elem = type == DType::F16 ? 2 : 4;
-  dequantize_row(type, pool + (int64_t(slot) * kv_dim + offset) * elem, out, n);
+  dequantize_row(type, pool + row_bytes(type, size_t(int64_t(slot) * kv_dim + offset)), out, size_t(n));
+  if (type != DType::F8_E4M3 || !head_scale) return;
+  const float s = head_scale[offset / d_head];
+  for (int64_t i = 0; i < n; ++i) out[i] *= s;
 }
 
 void get_row(const WeightMatrix& w, int64_t row, float* out) {

@@ -19,7 +19,9 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
 
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out) {
   const int group = s.n_head / s.n_head_kv;
-  const bool half = kv.type == DType::F16;
+  // Every cache but F32 has F16's rounding points (the query and the normalised weights); K and V
+  // are the cache's values, dequantized exactly (KvLayerView::load).
+  const bool half = kv.type != DType::F32;
   auto round = [&](float x) { return half ? fp16_to_f32(f32_to_fp16(x)) : x; };
   std::vector<double> p(slots.size());
   std::vector<float> k(s.d_head), v(s.d_head);
