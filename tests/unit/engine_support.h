@@ -17,8 +17,9 @@ struct Outcome {
 };
 
 // The oracle: one sequence on its own cache, plain decoding, sampled with the same parameters.
-inline Outcome run_alone(const Model& m, const std::vector<int32_t>& prompt, const GenerationParams& p) {
-  SingleSequence seq(m, int64_t(prompt.size()) + p.max_tokens);
+inline Outcome run_alone(const Model& m, const std::vector<int32_t>& prompt, const GenerationParams& p,
+                         DType kv_type = DType::F16) {
+  SingleSequence seq(m, int64_t(prompt.size()) + p.max_tokens, kv_type);
   Sampler sampler(p.sampling);
   std::vector<int32_t> history = prompt;
   auto logits = seq.eval(prompt);

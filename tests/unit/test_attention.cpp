@@ -34,6 +34,7 @@
 #include "kernels/ops.h"
 #include "random_blocks.h"
 #include "tensor/dequant.h"
+#include "tensor/quantize.h"
 
 namespace serval {
 namespace {
@@ -44,13 +45,15 @@ using cpu::Isa;
 // block of -1, a slot past the end) faults instead of reading neighbouring memory.
 class GuardedPools {
  public:
-  GuardedPools(DType type, int64_t n_slots, int64_t kv_dim, uint32_t seed) : type_(type), kv_dim_(kv_dim) {
-    const size_t elem = type == DType::F16 ? 2 : 4;
+  // FP8 pools get head scales 1, 0.5, 1, 0.5, ... (d_head values per head).
+  GuardedPools(DType type, int64_t n_slots, int64_t kv_dim, uint32_t seed, int64_t d_head = 0)
+      : type_(type), kv_dim_(kv_dim), d_head_(d_head) {
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
-    bytes_ = size_t(n_slots * kv_dim) * elem;
-    guard_ = (size_t(16 * kv_dim) * elem * 2 + page - 1) / page * page;  // > one block of 16 slots
-    span_ = guard_ + (bytes_ + page - 1) / page * page;                  // [guard][pool ...]
-    total_ = 2 * span_ + guard_;                                         // [guard][K][guard][V][guard]
+    const size_t row = row_bytes(type, size_t(kv_dim));
+    bytes_ = size_t(n_slots) * row;
+    guard_ = (row * 16 * 2 + page - 1) / page * page;    // > one block of 16 slots
+    span_ = guard_ + (bytes_ + page - 1) / page * page;  // [guard][pool ...]
+    total_ = 2 * span_ + guard_;                         // [guard][K][guard][V][guard]
     void* p = mmap(nullptr, total_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     EXPECT_NE(p, MAP_FAILED);
     base_ = static_cast<uint8_t*>(p);
@@ -59,27 +62,29 @@ class GuardedPools {
     v_ = base_ + 2 * span_ - bytes_;
     EXPECT_EQ(mprotect(base_ + guard_, span_ - guard_, PROT_READ | PROT_WRITE), 0);
     EXPECT_EQ(mprotect(base_ + span_ + guard_, span_ - guard_, PROT_READ | PROT_WRITE), 0);
+    for (int64_t h = 0; d_head > 0 && h < kv_dim / d_head; ++h) scales_.push_back(h % 2 ? 0.5f : 1.0f);
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0, 1);
+    std::vector<float> x(size_t(kv_dim));
     for (uint8_t* pool : {k_, v_})
-      for (int64_t i = 0; i < n_slots * kv_dim; ++i) {
-        const float x = nd(rng);
-        if (type == DType::F16) {
-          const uint16_t h = f32_to_fp16(x);
-          std::memcpy(pool + 2 * i, &h, 2);
+      for (int64_t i = 0; i < n_slots; ++i) {
+        for (auto& e : x) e = nd(rng);
+        if (type == DType::F8_E4M3) {
+          for (int64_t j = 0; j < kv_dim; ++j) pool[size_t(i) * row + size_t(j)] = f32_to_fp8_e4m3(x[size_t(j)]);
         } else {
-          std::memcpy(pool + 4 * i, &x, 4);
+          quantize_row(type, x.data(), pool + size_t(i) * row, size_t(kv_dim));
         }
       }
   }
   ~GuardedPools() { munmap(base_, total_); }
   GuardedPools(const GuardedPools&) = delete;
   GuardedPools& operator=(const GuardedPools&) = delete;
-  KvLayerView view() const { return {type_, k_, v_, kv_dim_}; }
+  KvLayerView view() const { return {type_, k_, v_, kv_dim_, d_head_, scales_.empty() ? nullptr : scales_.data()}; }
 
  private:
   DType type_;
-  int64_t kv_dim_;
+  int64_t kv_dim_, d_head_;
+  std::vector<float> scales_;
   size_t bytes_ = 0, guard_ = 0, span_ = 0, total_ = 0;
   uint8_t* base_ = nullptr;
   uint8_t* k_ = nullptr;
@@ -122,7 +127,7 @@ Expected expected(const AttentionShape& s, const float* q, KvLayerView kv, const
   e.out.resize(size_t(s.n_head * D));
   e.tol.resize(e.out.size());
   ref::attention(s, q, kv, slots, e.out.data());
-  const bool half = kv.type == DType::F16;
+  const bool half = kv.type != DType::F32;  // F16's rounding points: every cache but F32
   const double u = std::ldexp(1.0, -24);
   const int group = s.n_head / s.n_head_kv;
   std::vector<float> k(D), v(D);
@@ -200,7 +205,7 @@ std::vector<float> check_case(const Case& c, uint32_t seed) {
   const int64_t p0 = c.n_ctx - n_q;
   auto first_of = [&](int64_t p) { return c.window ? std::max<int64_t>(0, p - c.window + 1) : 0; };
   const int32_t n_blocks = int32_t((c.n_ctx + c.bs - 1) / c.bs) + 3;
-  GuardedPools pools(c.type, int64_t(n_blocks) * c.bs, int64_t(n_kv) * D, seed);
+  GuardedPools pools(c.type, int64_t(n_blocks) * c.bs, int64_t(n_kv) * D, seed, c.type == DType::F8_E4M3 ? D : 0);
   auto free_blocks = shuffled_blocks(n_blocks, seed + 1);
   const auto table = block_table(c.n_ctx, c.bs, first_of(p0), free_blocks);
   const auto q = test::random_floats(size_t(n_q * n_head * D), seed + 2);
@@ -224,15 +229,20 @@ std::vector<float> check_case(const Case& c, uint32_t seed) {
   return out;
 }
 
+constexpr DType kKvTypes[] = {DType::F16, DType::F32, DType::BF16, DType::Q8_0, DType::F8_E4M3};
+
 std::vector<Case> sweep() {
   std::vector<Case> cases;
   for (int d_head : {40, 64, 72, 128})
     for (int group : {1, 2, 7})
       for (int64_t n_ctx : {1, 15, 16, 17, 300, 1100})
         for (int32_t bs : {1, 16})
-          for (DType type : {DType::F16, DType::F32})
+          for (DType type : kKvTypes)
             for (int64_t window : {int64_t(0), n_ctx > 200 ? int64_t(100) : int64_t(5)}) {
               if (window >= n_ctx) continue;
+              // Q8_0 blocks of 32 never straddle heads; the newer types at one block size.
+              if (type == DType::Q8_0 && d_head % 32 != 0) continue;
+              if (type != DType::F16 && type != DType::F32 && bs != 16) continue;
               cases.push_back({d_head, group, n_ctx, bs, type, window});
             }
   return cases;
@@ -276,7 +286,7 @@ struct Scene {
   std::vector<Q> qs;
   std::vector<float> q;
 
-  explicit Scene(DType type) : pools(type, 160 * 16, kKv * kD, 7) {
+  explicit Scene(DType type) : pools(type, 160 * 16, kKv * kD, 7, kD) {
     auto free_blocks = shuffled_blocks(160, 8);
     const int64_t window = 100;
     tables.push_back(block_table(700, 16, 0, free_blocks));
@@ -313,7 +323,7 @@ void expect_same_rows(const std::vector<float>& got, const std::vector<float>& w
 
 TEST_P(AttentionLevel, BatchInvariance) {
   const int saved_threads = compute_threads();
-  for (DType type : {DType::F16, DType::F32}) {
+  for (DType type : kKvTypes) {
     const Scene scene(type);
     const size_t n = scene.qs.size();
     std::vector<size_t> all(n);

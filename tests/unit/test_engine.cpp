@@ -399,6 +399,47 @@ TEST(RealModelEngine, DefaultModelBatchInvariance) {
   }
 }
 
+// Quantized KV caches (head dimension 64, so Q8_0 too): concurrent requests sharing a prefix, with
+// prefix caching (a warm second round hits it), equal each request run alone on its own cache of the
+// same type; the capacity follows the type's bytes.
+TEST(RealModelEngine, QuantizedKvBatchInvarianceAndPrefixCaching) {
+  const std::string path = test::cached_model("qwen2.5-coder-0.5b-instruct");
+  ASSERT_FALSE(path.empty()) << "run scripts/setup";
+  auto m = Model::load(path);
+  const std::string prefix = "# A helper module\nimport os\n\n";
+  const std::vector<std::string> texts = {prefix + "def fibonacci(n):", prefix + "def read_file(path):",
+                                          "The capital of France is"};
+  for (DType t : {DType::Q8_0, DType::F8_E4M3}) {
+    std::vector<test::Outcome> alone;
+    for (size_t i = 0; i < texts.size(); ++i)
+      alone.push_back(run_alone(*m, m->tokenizer().encode(texts[i], true), sampled(6, i, i % 2 ? 0.0f : 0.8f), t));
+    EngineConfig cfg;
+    cfg.block_size = 4;
+    cfg.num_blocks = 64;
+    cfg.kv_type = t;
+    cfg.prefix_caching = true;
+    cfg.scheduler.max_batched_tokens = 5;
+    Engine e(*m, cfg);
+    for (int round = 0; round < 2; ++round) {
+      std::map<RequestId, Outcome> out;
+      std::vector<RequestId> ids;
+      for (size_t i = 0; i < texts.size(); ++i)
+        ids.push_back(e.add_request(m->tokenizer().encode(texts[i], true), sampled(6, i, i % 2 ? 0.0f : 0.8f),
+                                    collect(out, nullptr)));
+      drain(e, out);
+      for (size_t i = 0; i < texts.size(); ++i) {
+        EXPECT_EQ(out[ids[i]].tokens, alone[i].tokens) << dtype_info(t).name << " round " << round << ": " << texts[i];
+        EXPECT_EQ(out[ids[i]].logprobs, alone[i].logprobs) << "bitwise log-probabilities";
+      }
+      expect_pool_whole(e);
+    }
+    EXPECT_GT(e.stats().prefix_hits, 0);
+    const int64_t f16 = m->config().kv_bytes_per_token(2.0);
+    EXPECT_EQ(e.capacity().bytes_per_token, t == DType::Q8_0 ? f16 * 34 / 64 : f16 / 2);
+    EXPECT_NE(e.capacity().describe(e.max_model_len()).find(kv_cache_type_name(t)), std::string::npos);
+  }
+}
+
 TEST(Capacity, ReproducesTheSeedFigures) {
   const double GiB = 1024.0 * 1024 * 1024;
   PlanInput in;

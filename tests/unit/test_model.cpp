@@ -42,8 +42,9 @@ TEST(Golden, Stories260kMatchesLlamaCppTokenByToken) {
 }
 
 // Logits of every position of `tokens` evaluated in one sequence.
-std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& tokens, int64_t n_batch = 512) {
-  SingleSequence seq(m, int64_t(tokens.size()));
+std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& tokens, int64_t n_batch = 512,
+                              DType kv_type = DType::F16) {
+  SingleSequence seq(m, int64_t(tokens.size()), kv_type);
   return seq.eval(tokens, true, n_batch);
 }
 
@@ -77,14 +78,20 @@ TEST(Golden, TinyStoriesSafetensorsAndQ8GgufAgree) {
   RecordProperty("mean_kl", std::to_string(mean_kl));
 }
 
-TEST(BatchInvariance, ChunkSizeDoesNotChangeLogits) {
+// Every KV cache type stories260K can hold (its d_head of 8 rules out Q8_0's blocks of 32; the
+// engine tests run Q8_0 on Qwen2.5-0.5B).
+class BatchInvariance : public ::testing::TestWithParam<DType> {};
+
+TEST_P(BatchInvariance, ChunkSizeDoesNotChangeLogits) {
   auto model = Model::load(test::shared_path("models/stories260K.gguf"));
   const auto tokens = model->tokenizer().encode("Once upon a time, there was a big dog who liked to run in the sun.", true);
-  const auto whole = all_logits(*model, tokens);
-  for (int64_t chunk : {1, 3, 7}) EXPECT_EQ(all_logits(*model, tokens, chunk), whole) << "chunk " << chunk;
+  const auto whole = all_logits(*model, tokens, 512, GetParam());
+  for (int64_t chunk : {1, 3, 7}) EXPECT_EQ(all_logits(*model, tokens, chunk, GetParam()), whole) << "chunk " << chunk;
+  if (GetParam() != DType::F16)
+    EXPECT_NE(whole, all_logits(*model, tokens)) << "the cache type must change something (else the test is vacuous)";
 }
 
-TEST(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
+TEST_P(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
   auto model = Model::load(test::shared_path("models/stories260K.gguf"));
   const auto& tok = model->tokenizer();
   const std::vector<std::vector<int32_t>> prompts = {tok.encode("Once upon a time", true),
@@ -92,7 +99,7 @@ TEST(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
                                                      tok.encode("Lily", true)};
   const int64_t n_vocab = model->config().n_vocab;
   // One batch holding all three sequences, KV slots interleaved in one cache.
-  KvCache kv(model->config(), 64);
+  KvCache kv(model->config(), 64, GetParam());
   Batch batch;
   batch.block_tables[0].resize(prompts.size());
   int32_t next_slot = 0;
@@ -109,7 +116,7 @@ TEST(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
   std::vector<float> together;
   model->forward(batch, kv, together);
   for (size_t s = 0; s < prompts.size(); ++s) {
-    const auto alone = all_logits(*model, prompts[s]);
+    const auto alone = all_logits(*model, prompts[s], 512, GetParam());
     size_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
       if (batch.seq_ids[i] != int32_t(s)) continue;
@@ -120,6 +127,10 @@ TEST(BatchInvariance, SequencesTogetherEqualSequencesAlone) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, BatchInvariance,
+                         ::testing::Values(DType::F16, DType::F32, DType::BF16, DType::F8_E4M3),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_info(i.param).name); });
 
 TEST(Model, ForwardRejectsBadBatches) {
   auto model = Model::load(test::shared_path("models/stories260K.gguf"));

@@ -1,0 +1,165 @@
+// Quantized KV cache types: FP8 E4M3FN conversions (exhaustive), Q8_0 / FP8 / BF16 rows written by
+// KvCache and read back by KvLayerView::load, per-token quantization (the bytes of a token do not
+// depend on its neighbours), the --cache-type names and the capacity they give.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "base/error.h"
+#include "engine/capacity.h"
+#include "model/model.h"
+#include "tensor/dequant.h"
+#include "test_support.h"
+
+namespace serval {
+namespace {
+
+TEST(Fp8E4m3, DecodesTheFormat) {
+  EXPECT_EQ(fp8_e4m3_to_f32(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(fp8_e4m3_to_f32(0x80)));
+  EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);                     // exponent 7 = bias
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7E), 448.0f);                   // the largest
+  EXPECT_EQ(fp8_e4m3_to_f32(0xFE), -448.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));     // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_f32(0x08), std::ldexp(1.0f, -6));     // the smallest normal
+  EXPECT_EQ(fp8_e4m3_to_f32(0x3F), 1.875f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7F)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0xFF)));
+  int nans = 0;
+  for (int c = 0; c < 256; ++c) nans += std::isnan(fp8_e4m3_to_f32(uint8_t(c)));
+  EXPECT_EQ(nans, 2) << "no infinities, two NaNs";
+}
+
+// Every code but NaN survives decode -> encode; values are strictly increasing over 0x00..0x7E.
+TEST(Fp8E4m3, RoundTripsEveryCode) {
+  for (int c = 0; c < 256; ++c) {
+    const float x = fp8_e4m3_to_f32(uint8_t(c));
+    if (std::isnan(x)) continue;
+    EXPECT_EQ(f32_to_fp8_e4m3(x), c) << "code " << c;
+    if (c > 0 && c <= 0x7E) EXPECT_GT(x, fp8_e4m3_to_f32(uint8_t(c - 1)));
+    EXPECT_EQ(fp8_e4m3_table()[c], x);
+  }
+}
+
+// Midpoints between neighbours go to the even code; just off a midpoint goes to the nearer one.
+TEST(Fp8E4m3, RoundsToNearestEven) {
+  for (int c = 0; c < 0x7E; ++c) {
+    const float lo = fp8_e4m3_to_f32(uint8_t(c)), hi = fp8_e4m3_to_f32(uint8_t(c + 1));
+    const float mid = (lo + hi) / 2;  // exact: neighbours differ in the last of few bits
+    const int even = c % 2 == 0 ? c : c + 1;
+    EXPECT_EQ(f32_to_fp8_e4m3(mid), even) << "between " << lo << " and " << hi;
+    EXPECT_EQ(f32_to_fp8_e4m3(-mid), even | 0x80);
+    EXPECT_EQ(f32_to_fp8_e4m3(std::nextafter(mid, 0.0f)), c);
+    EXPECT_EQ(f32_to_fp8_e4m3(std::nextafter(mid, 1000.0f)), c + 1);
+  }
+}
+
+TEST(Fp8E4m3, SaturatesAndKeepsNan) {
+  for (float x : {448.0f, 449.0f, 464.0f, 480.0f, 1e6f, INFINITY}) {
+    EXPECT_EQ(f32_to_fp8_e4m3(x), 0x7E) << x;
+    EXPECT_EQ(f32_to_fp8_e4m3(-x), 0xFE) << x;
+  }
+  EXPECT_EQ(f32_to_fp8_e4m3(NAN) & 0x7F, 0x7F);
+  EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(1.0f, -11)), 0x00) << "below half the smallest subnormal";
+  EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(1.0f, -10)), 0x00) << "half the smallest subnormal: to even (0)";
+  EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(3.0f, -11)), 0x01);
+}
+
+ModelConfig toy_config(int64_t n_kv_heads, int64_t d_head) {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = n_kv_heads;
+  c.n_head_kv = n_kv_heads;
+  c.d_head = d_head;
+  c.n_embd = n_kv_heads * d_head;
+  return c;
+}
+
+// A row written by KvCache and read by the view, against the format computed here from the math.
+TEST(KvCacheTypes, Q8_0RowsRoundTripPerBlock) {
+  const ModelConfig c = toy_config(2, 64);
+  KvCache kv(c, 4, DType::Q8_0);
+  EXPECT_EQ(kv.bytes_per_slot_per_layer(), 2u * 128 / 32 * 34);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0, 2);
+  std::vector<float> k(128), v(128), back(64);
+  for (auto& x : k) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  k[5] = 0;  // a zero
+  for (int i = 64; i < 96; ++i) v[i] = 0;  // an all-zero block
+  kv.write(1, 3, k.data(), v.data());
+  const KvLayerView view = kv.view(1);
+  for (const auto& [pool, src] : {std::pair{view.k, &k}, std::pair{view.v, &v}})
+    for (int h = 0; h < 2; ++h) {
+      view.load(pool, 3, h * 64, 64, back.data());
+      for (int b = 0; b < 2; ++b) {
+        const float* x = src->data() + h * 64 + b * 32;
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[i]));
+        const float d = fp16_to_f32(f32_to_fp16(amax / 127));
+        for (int i = 0; i < 32; ++i) {
+          const float got = back[size_t(b * 32 + i)];
+          EXPECT_LE(std::abs(got - x[i]), 0.5f * d * 1.01f + 1e-7f) << "head " << h << " element " << b * 32 + i;
+          EXPECT_EQ(got, d * std::round(got / (d ? d : 1))) << "a multiple of the block scale";
+        }
+      }
+    }
+}
+
+TEST(KvCacheTypes, Fp8RowsUseTheHeadScale) {
+  const ModelConfig c = toy_config(2, 32);
+  KvCache kv(c, 2, DType::F8_E4M3);
+  EXPECT_EQ(kv.bytes_per_slot_per_layer(), 2u * 64);
+  kv.set_head_scale(0, 1, 0.25f);
+  std::vector<float> k(64), v(64), back(32);
+  for (int i = 0; i < 64; ++i) k[size_t(i)] = float(i) * 0.37f - 11, v[size_t(i)] = 200.0f - float(i) * 9;
+  kv.write(0, 1, k.data(), v.data());
+  const KvLayerView view = kv.view(0);
+  for (const auto& [pool, src] : {std::pair{view.k, &k}, std::pair{view.v, &v}})
+    for (int h = 0; h < 2; ++h) {
+      const float s = h == 1 ? 0.25f : 1.0f;
+      view.load(pool, 1, h * 32, 32, back.data());
+      for (int i = 0; i < 32; ++i)
+        EXPECT_EQ(back[size_t(i)], fp8_e4m3_to_f32(f32_to_fp8_e4m3((*src)[size_t(h * 32 + i)] / s)) * s)
+            << "head " << h << " element " << i;
+    }
+}
+
+// A token's bytes depend on that token's K and V only: written alone or among others, in any slot.
+TEST(KvCacheTypes, TokensAreQuantizedAlone) {
+  const ModelConfig c = toy_config(2, 64);
+  for (DType t : {DType::Q8_0, DType::F8_E4M3, DType::BF16}) {
+    KvCache a(c, 8, t), b(c, 8, t);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0, 1);
+    std::vector<float> rows(8 * 128);
+    for (auto& x : rows) x = nd(rng) * float(1 + (&x - rows.data()) / 128);  // different magnitudes
+    for (int s = 0; s < 8; ++s) a.write(0, s, rows.data() + s * 128, rows.data() + s * 128);
+    b.write(0, 5, rows.data() + 2 * 128, rows.data() + 2 * 128);
+    const size_t row = a.bytes_per_slot_per_layer() / 2;
+    EXPECT_EQ(std::memcmp(a.view(0).k + 2 * row, b.view(0).k + 5 * row, row), 0) << dtype_info(t).name;
+  }
+}
+
+TEST(KvCacheTypes, NamesAndErrors) {
+  EXPECT_EQ(parse_kv_cache_type("f16"), DType::F16);
+  EXPECT_EQ(parse_kv_cache_type("f32"), DType::F32);
+  EXPECT_EQ(parse_kv_cache_type("bf16"), DType::BF16);
+  EXPECT_EQ(parse_kv_cache_type("q8_0"), DType::Q8_0);
+  EXPECT_EQ(parse_kv_cache_type("fp8_e4m3"), DType::F8_E4M3);
+  EXPECT_EQ(parse_kv_cache_type("fp8"), DType::F8_E4M3);
+  EXPECT_EQ(kv_cache_type_name(DType::F8_E4M3), "fp8_e4m3");
+  EXPECT_NE(test::error_message([] { parse_kv_cache_type("q4_0"); }).find("f32, f16, bf16, q8_0, fp8_e4m3"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(kv_dtype_bytes("q8_0") / kv_dtype_bytes("f16"), 34.0 / 64);
+  EXPECT_DOUBLE_EQ(kv_dtype_bytes("fp8_e4m3"), 1.0);
+  EXPECT_FALSE(dtype_info(1000u).has_value()) << "FP8 is not a GGUF type";
+  // Q8_0 blocks must not straddle heads.
+  EXPECT_NE(test::error_message([] { KvCache(toy_config(4, 8), 4, DType::Q8_0); }).find("multiple of 32"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace serval
