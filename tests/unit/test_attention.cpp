@@ -65,7 +65,7 @@ class GuardedPools {
     for (int64_t h = 0; d_head > 0 && h < kv_dim / d_head; ++h) scales_.push_back(h % 2 ? 0.5f : 1.0f);
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0, 1);
-    std::vector<float> x(size_t(kv_dim));
+    std::vector<float> x(static_cast<size_t>(kv_dim));
     for (uint8_t* pool : {k_, v_})
       for (int64_t i = 0; i < n_slots; ++i) {
         for (auto& e : x) e = nd(rng);

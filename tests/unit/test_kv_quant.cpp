@@ -98,11 +98,12 @@ TEST(KvCacheTypes, Q8_0RowsRoundTripPerBlock) {
         const float* x = src->data() + h * 64 + b * 32;
         float amax = 0;
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[i]));
-        const float d = fp16_to_f32(f32_to_fp16(amax / 127));
+        // ggml's block: q = round(x / d) with d = amax / 127, stored with d rounded to F16.
+        const float d = amax / 127, id = d != 0 ? 1 / d : 0, d16 = fp16_to_f32(f32_to_fp16(d));
         for (int i = 0; i < 32; ++i) {
           const float got = back[size_t(b * 32 + i)];
-          EXPECT_LE(std::abs(got - x[i]), 0.5f * d * 1.01f + 1e-7f) << "head " << h << " element " << b * 32 + i;
-          EXPECT_EQ(got, d * std::round(got / (d ? d : 1))) << "a multiple of the block scale";
+          EXPECT_EQ(got, d16 * std::round(x[i] * id)) << "head " << h << " element " << b * 32 + i;
+          EXPECT_LE(std::abs(got - x[i]), 0.5f * d + 127 * std::abs(d16 - d) + 1e-6f);
         }
       }
     }
