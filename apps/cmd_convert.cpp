@@ -1,0 +1,44 @@
+// `serval convert HF_DIR OUT.gguf [--outtype f16|bf16|f32|q8_0]`: a Hugging Face checkpoint to GGUF, as
+// llama.cpp's convert_hf_to_gguf.py writes it (docs/quantization.md).
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "apps/commands.h"
+#include "quant/convert.h"
+
+namespace serval::cli {
+namespace {
+
+struct ConvertCliOptions {
+  std::string dir, out, outtype = "f16";
+};
+
+void show_progress(size_t i, size_t n, const std::string& name, DType type) {
+  const bool tty = isatty(fileno(stderr));
+  fmt::print(stderr, "{}[{:4}/{}] {:<36} {:<6}{}", tty ? "\r" : "", i, n, name, dtype_info(type).name,
+             tty && i < n ? "" : "\n");
+}
+
+void run_convert(const ConvertCliOptions& o) {
+  ConvertOptions c;
+  c.outtype = parse_convert_type(o.outtype);
+  c.progress = show_progress;
+  convert_hf_to_gguf(o.dir, o.out, c);
+  fmt::print(stderr, "serval convert: {} -> {} ({})\n", o.dir, o.out, o.outtype);
+}
+
+}  // namespace
+
+void add_convert(CLI::App& app) {
+  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Qwen2, Gemma 3) to GGUF");
+  auto o = std::make_shared<ConvertCliOptions>();
+  cmd->add_option("hf_dir", o->dir, "directory with config.json, safetensors (or an index and shards), tokenizer.json")
+      ->required();
+  cmd->add_option("output", o->out, "GGUF file to write")->required();
+  cmd->add_option("--outtype", o->outtype, "type of the 2-D weights: f16 (default), bf16, f32, q8_0");
+  cmd->callback([o] { run_convert(*o); });
+}
+
+}  // namespace serval::cli

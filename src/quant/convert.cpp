@@ -1,0 +1,477 @@
+#include "quant/convert.h"
+
+#include <filesystem>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "base/error.h"
+#include "base/file_util.h"
+#include "io/gguf_writer.h"
+#include "io/safetensors.h"
+#include "tensor/dequant.h"
+#include "tensor/quantize.h"
+#include "tokenizer/load.h"
+
+namespace serval {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr uint32_t kQuantizationVersion = 2;  // GGML_QNT_VERSION
+
+json read_json(const fs::path& path) {
+  check(fs::is_regular_file(path), "{}: no such file", path.string());
+  try {
+    return json::parse(read_text_file(path.string()));
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON: {}", path.string(), e.what());
+  }
+}
+
+// The safetensors files of a checkpoint and its tensors by name (sorted, as llama.cpp lists them).
+struct Checkpoint {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const TensorRef*> tensors;
+
+  void add_file(const fs::path& path) {
+    files.push_back(std::make_unique<SafetensorsFile>(path.string()));
+    for (const auto& t : files.back()->tensors())
+      check(tensors.emplace(t.name, &t).second, "{}: tensor '{}' is in more than one shard", path.string(), t.name);
+  }
+};
+
+// model.safetensors, or the shards that model.safetensors.index.json names (each must hold its tensors).
+Checkpoint open_checkpoint(const fs::path& dir) {
+  Checkpoint c;
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    check(fs::exists(dir / "model.safetensors"), "{}: no model.safetensors nor model.safetensors.index.json",
+          dir.string());
+    c.add_file(dir / "model.safetensors");
+    return c;
+  }
+  const json j = read_json(index);
+  check(j.contains("weight_map") && j["weight_map"].is_object(), "{}: no weight_map object", index.string());
+  std::set<std::string> shards;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    check(file.is_string(), "{}: weight_map entry '{}' is not a file name", index.string(), name);
+    const std::string f = file.get<std::string>();
+    check(fs::path(f).filename().string() == f, "{}: shard '{}' is not a plain file name", index.string(), f);
+    shards.insert(f);
+  }
+  for (const auto& f : shards) c.add_file(dir / f);
+  for (const auto& [name, file] : j["weight_map"].items())
+    check(c.tensors.count(name), "{}: tensor '{}' is not in {}", index.string(), name, file.get<std::string>());
+  return c;
+}
+
+// config.json's architecture: LlamaForCausalLM -> llama, Qwen2ForCausalLM -> qwen2, Gemma3ForCausalLM -> gemma3.
+std::string arch_of(const json& config, const std::string& path) {
+  static const std::map<std::string, std::string> known = {
+      {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"}};
+  const auto& a = config.value("architectures", json::array());
+  check(a.is_array() && !a.empty() && a[0].is_string(), "{}: no 'architectures' list", path);
+  const auto it = known.find(a[0].get<std::string>());
+  check(it != known.end(), "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)",
+        path, a[0].get<std::string>());
+  return it->second;
+}
+
+uint32_t file_type_of(DType outtype) {
+  switch (outtype) {
+    case DType::F32: return 0;   // ALL_F32
+    case DType::F16: return 1;   // MOSTLY_F16
+    case DType::Q8_0: return 7;  // MOSTLY_Q8_0
+    case DType::BF16: return 32; // MOSTLY_BF16
+    default: fail("internal: convert type {}", dtype_info(outtype).name);
+  }
+}
+
+// A config.json integer that must be present, positive and within 32 bits.
+uint32_t hp_u32(const json& c, const char* key, const std::string& path) {
+  check(c.contains(key) && c[key].is_number_integer() && c[key].get<int64_t>() > 0 &&
+            c[key].get<int64_t>() <= int64_t(UINT32_MAX),
+        "{}: '{}' must be a positive integer", path, key);
+  return c[key].get<uint32_t>();
+}
+
+bool has_number(const json& c, const char* key) { return c.contains(key) && c[key].is_number(); }
+
+// The hyperparameters convert_hf_to_gguf.py's Model.set_gguf_parameters writes, where config.json has them.
+void add_common_hparams(GgufWriter& w, const std::string& a, const json& c, const std::string& path) {
+  w.add_u32(a + ".block_count", hp_u32(c, "num_hidden_layers", path));
+  if (has_number(c, "max_position_embeddings")) w.add_u32(a + ".context_length", hp_u32(c, "max_position_embeddings", path));
+  w.add_u32(a + ".embedding_length", hp_u32(c, "hidden_size", path));
+  w.add_u32(a + ".feed_forward_length", hp_u32(c, "intermediate_size", path));
+  w.add_u32(a + ".attention.head_count", hp_u32(c, "num_attention_heads", path));
+  if (has_number(c, "num_key_value_heads"))
+    w.add_u32(a + ".attention.head_count_kv", hp_u32(c, "num_key_value_heads", path));
+  if (has_number(c, "rope_theta")) w.add_f32(a + ".rope.freq_base", c["rope_theta"].get<float>());
+  if (has_number(c, "rms_norm_eps")) w.add_f32(a + ".attention.layer_norm_rms_epsilon", c["rms_norm_eps"].get<float>());
+  if (has_number(c, "head_dim")) {
+    w.add_u32(a + ".attention.key_length", hp_u32(c, "head_dim", path));
+    w.add_u32(a + ".attention.value_length", hp_u32(c, "head_dim", path));
+  }
+}
+
+void add_linear_rope_scaling(GgufWriter& w, const std::string& a, const json& c) {
+  if (!c.contains("rope_scaling") || !c["rope_scaling"].is_object()) return;
+  const auto& rs = c["rope_scaling"];
+  if (rs.value("type", rs.value("rope_type", "")) == "linear" && has_number(rs, "factor")) {
+    w.add_string(a + ".rope.scaling.type", "linear");
+    w.add_f32(a + ".rope.scaling.factor", rs["factor"].get<float>());
+  }
+}
+
+// Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
+void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType outtype, const std::string& path) {
+  if (arch != "gemma3") {
+    add_common_hparams(w, arch, c, path);
+    w.add_u32("general.file_type", file_type_of(outtype));
+  }
+  if (arch == "llama") {
+    w.add_u32("llama.vocab_size", hp_u32(c, "vocab_size", path));
+    const uint32_t n_head = hp_u32(c, "num_attention_heads", path);
+    w.add_u32("llama.rope.dimension_count",
+              has_number(c, "head_dim") ? hp_u32(c, "head_dim", path) : hp_u32(c, "hidden_size", path) / n_head);
+    add_linear_rope_scaling(w, arch, c);
+  } else if (arch == "gemma3") {
+    // Gemma3Model writes its own set, with the defaults of transformers' Gemma3TextConfig.
+    w.add_u32("gemma3.context_length", c.value("max_position_embeddings", 131072u));
+    w.add_u32("gemma3.embedding_length", hp_u32(c, "hidden_size", path));
+    w.add_u32("gemma3.block_count", hp_u32(c, "num_hidden_layers", path));
+    w.add_u32("gemma3.feed_forward_length", hp_u32(c, "intermediate_size", path));
+    w.add_u32("gemma3.attention.head_count", hp_u32(c, "num_attention_heads", path));
+    w.add_f32("gemma3.attention.layer_norm_rms_epsilon", c.value("rms_norm_eps", 1e-6f));
+    w.add_u32("gemma3.attention.key_length", c.value("head_dim", 256u));
+    w.add_u32("gemma3.attention.value_length", c.value("head_dim", 256u));
+    w.add_u32("general.file_type", file_type_of(outtype));
+    w.add_f32("gemma3.rope.freq_base", c.value("rope_theta", 1000000.0f));
+    w.add_u32("gemma3.attention.sliding_window", hp_u32(c, "sliding_window", path));
+    w.add_u32("gemma3.attention.head_count_kv", c.value("num_key_value_heads", 4u));
+    add_linear_rope_scaling(w, arch, c);
+  }
+}
+
+
+// GGUF token types (llama_token_type).
+enum TokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+GgufValue string_array(std::vector<std::string> v) {
+  GgufArray a{GgufValueType::STRING, {}, {}, std::move(v)};
+  return {GgufValueType::ARRAY, std::move(a)};
+}
+
+GgufValue int_array(GgufValueType type, std::vector<int64_t> v) {
+  GgufArray a{type, std::move(v), {}, {}};
+  return {GgufValueType::ARRAY, std::move(a)};
+}
+
+bool looks_special(const std::string& t) {
+  const auto wrapped = [&](std::string_view open, std::string_view close) {
+    return t.size() >= open.size() + close.size() && t.starts_with(open) && t.ends_with(close);
+  };
+  return t == "<pad>" || t == "<mask>" || t == "<2mass>" || t == "[@BOS@]" || wrapped("<|", "|>") ||
+         wrapped("<\uff5c", "\uff5c>") || wrapped("<unused", ">");
+}
+
+// tokenizer.ggml.pre for a byte-level BPE tokenizer. llama.cpp names it by the SHA-256 of the ids that
+// the Hugging Face tokenizer gives a fixed check text; tokenizers with the same pre-tokenizer split
+// regex give the same hash, so the regex in tokenizer.json names it here.
+std::string bpe_pre_name(const json& tok, const std::string& path) {
+  const std::string pre = tok.value("pre_tokenizer", json()).dump();
+  if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N})") != std::string::npos)
+    return "qwen2";
+  if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3})") != std::string::npos)
+    return "llama-bpe";
+  if (pre.find(R"("type":"ByteLevel")") != std::string::npos && pre.find("Split") == std::string::npos) return "gpt-2";
+  fail("{}: unrecognized BPE pre-tokenizer (known: Qwen2, Llama 3, GPT-2)", path);
+}
+
+// Whether tokenizer.json is a SentencePiece-style BPE (byte fallback): llama.cpp's LlamaHfVocab.
+bool is_llama_hf_vocab(const json& tok) {
+  const auto& m = tok.at("model");
+  return m.value("type", "") == "BPE" && m.value("byte_fallback", false) && tok.contains("decoder") &&
+         tok["decoder"].is_object() && tok["decoder"].value("type", "") == "Sequence";
+}
+
+// The ids of the special-token strings in `config_tokenizer` (tokenizer_config.json), as gguf-py's
+// SpecialVocab reads them.
+std::set<int64_t> special_ids(const json& tc, const Vocab& v) {
+  std::set<int64_t> ids;
+  for (const auto& [key, entry] : tc.items()) {
+    if (!key.ends_with("_token") || key.starts_with("add_")) continue;
+    const std::string text = entry.is_string() ? entry.get<std::string>() : entry.is_object() ? entry.value("content", "") : "";
+    for (size_t i = 0; i < v.tokens.size() && !text.empty(); ++i)
+      if (v.tokens[i] == text) ids.insert(int64_t(i));
+  }
+  return ids;
+}
+
+// Token types: LlamaHfVocab (byte pieces, control for the special tokens) or get_vocab_base (added tokens
+// control or user-defined, gaps unused).
+std::vector<int64_t> token_types(const Vocab& v, const json& tok, const json& tc, bool llama_hf) {
+  std::map<int64_t, bool> added;  // id -> special
+  for (const auto& t : tok.value("added_tokens", json::array())) added[t.at("id").get<int64_t>()] = t.value("special", false);
+  const auto specials = special_ids(tc, v);
+  std::vector<int64_t> types(v.tokens.size(), kNormal);
+  for (size_t i = 0; i < types.size(); ++i) {
+    const auto a = added.find(int64_t(i));
+    if (llama_hf) {
+      if (v.attrs[i] == TokenAttr::Byte) types[i] = kByte;
+      else if (specials.count(int64_t(i))) types[i] = kControl;
+      else if (a != added.end()) types[i] = kUserDefined;
+    } else if (v.attrs[i] == TokenAttr::Unused) {
+      types[i] = kUnused;
+    } else if (a != added.end()) {
+      types[i] = a->second || looks_special(v.tokens[i]) ? kControl : kUserDefined;
+    }
+  }
+  return types;
+}
+
+std::vector<std::string> ordered_merges(const Vocab& v) {
+  std::vector<std::string> merges(v.merge_ranks.size());
+  for (const auto& [m, rank] : v.merge_ranks) merges.at(rank) = m;
+  return merges;
+}
+
+// Special token ids, add_bos/add_eos and the chat template, as SpecialVocab.add_to_gguf writes them:
+// tokenizer_config.json's token strings (looked up among the added tokens) first, then config.json's ids.
+void add_special_tokens(GgufWriter& w, const json& tok, const json& tc, const json& config, size_t n_vocab) {
+  static const std::vector<std::pair<std::string, std::string>> kinds = {
+      {"bos", "bos_token_id"}, {"eos", "eos_token_id"}, {"unk", "unknown_token_id"}, {"sep", "seperator_token_id"},
+      {"pad", "padding_token_id"}, {"cls", "cls_token_id"}, {"mask", "mask_token_id"}};
+  for (const auto& [kind, key] : kinds) {
+    std::optional<int64_t> id;
+    const json entry = tc.value(kind + "_token", json());
+    const std::string text = entry.is_string() ? entry.get<std::string>() : entry.is_object() ? entry.value("content", "") : "";
+    for (const auto& t : tok.value("added_tokens", json::array()))
+      if (!id && !text.empty() && t.value("content", "") == text) id = t.at("id").get<int64_t>();
+    if (!id && config.contains(kind + "_token_id") && config[kind + "_token_id"].is_number_integer())
+      id = config[kind + "_token_id"].get<int64_t>();
+    if (id && *id >= 0 && *id < int64_t(n_vocab)) w.add_u32("tokenizer.ggml." + key, uint32_t(*id));
+  }
+  for (const char* kind : {"bos", "eos"})
+    if (tc.contains(fmt::format("add_{}_token", kind)) && tc[fmt::format("add_{}_token", kind)].is_boolean())
+      w.add_value(fmt::format("tokenizer.ggml.add_{}_token", kind),
+                  {GgufValueType::BOOL, tc[fmt::format("add_{}_token", kind)].get<bool>()});
+  if (tc.contains("chat_template") && tc["chat_template"].is_string())
+    w.add_string("tokenizer.chat_template", tc["chat_template"].get<std::string>());
+}
+
+// The tokenizer.ggml.* keys from tokenizer.json and tokenizer_config.json.
+void add_tokenizer(GgufWriter& w, const fs::path& dir, const json& config) {
+  const fs::path tok_path = dir / "tokenizer.json";
+  const json tok = read_json(tok_path);
+  const json tc = fs::exists(dir / "tokenizer_config.json") ? read_json(dir / "tokenizer_config.json") : json::object();
+  Vocab v = vocab_from_tokenizer_json(tok_path.string());
+  bool llama_hf = false;
+  try {
+    llama_hf = is_llama_hf_vocab(tok);
+  } catch (const json::exception& e) {
+    fail("{}: unexpected structure: {}", tok_path.string(), e.what());
+  }
+  if (!llama_hf && config.contains("vocab_size") && config["vocab_size"].is_number_unsigned() &&
+      config["vocab_size"].get<uint64_t>() > v.tokens.size()) {
+    const size_t n = v.tokens.size();
+    v.tokens.resize(config["vocab_size"].get<uint64_t>());
+    v.attrs.resize(v.tokens.size(), TokenAttr::Unused);
+    for (size_t i = n; i < v.tokens.size(); ++i) v.tokens[i] = fmt::format("[PAD{}]", i);
+  }
+  for (size_t i = 0; i < v.tokens.size(); ++i)
+    if (v.attrs[i] == TokenAttr::Unused && v.tokens[i].empty()) v.tokens[i] = fmt::format("[PAD{}]", i);
+  w.add_string("tokenizer.ggml.model", llama_hf ? "llama" : "gpt2");
+  w.add_string("tokenizer.ggml.pre", llama_hf ? "default" : bpe_pre_name(tok, tok_path.string()));
+  w.add_value("tokenizer.ggml.tokens", string_array(v.tokens));
+  if (llama_hf) {
+    GgufArray scores{GgufValueType::FLOAT32, {}, std::vector<double>(v.tokens.size(), -1000.0), {}};
+    w.add_value("tokenizer.ggml.scores", {GgufValueType::ARRAY, std::move(scores)});
+  }
+  w.add_value("tokenizer.ggml.token_type", int_array(GgufValueType::INT32, token_types(v, tok, tc, llama_hf)));
+  if (!llama_hf) w.add_value("tokenizer.ggml.merges", string_array(ordered_merges(v)));
+  add_special_tokens(w, tok, tc, config, v.tokens.size());
+  if (tc.contains("add_prefix_space") && tc["add_prefix_space"].is_boolean())
+    w.add_value("tokenizer.ggml.add_space_prefix", {GgufValueType::BOOL, tc["add_prefix_space"].get<bool>()});
+}
+
+// A tensor's elements as floats (F32, F16 or BF16 in the checkpoint).
+std::vector<float> to_floats(const TensorRef& t) {
+  std::vector<float> x(t.n_elements());
+  dequantize_row(t.type, t.data, x.data(), x.size());
+  return x;
+}
+
+struct ArchInfo {
+  std::string arch;
+  uint64_t n_head = 0, n_head_kv = 0;
+  bool tied = false;
+};
+
+// The float values llama.cpp's modify_tensors gives the tensor: Q/K permuted for RoPE (llama), norms
+// plus one (gemma3: Hugging Face stores Gemma's RMSNorm weights as w - 1).
+std::vector<float> modified_values(const ArchInfo& a, const std::string& gguf_name, const TensorRef& t) {
+  std::vector<float> x = to_floats(t);
+  if (a.arch == "llama") {
+    const bool q = gguf_name.find(".attn_q.") != std::string::npos, k = gguf_name.find(".attn_k.") != std::string::npos;
+    if (q || k) x = permute_rope_rows(x.data(), t.ne.size() > 1 ? t.ne[1] : t.ne[0], t.ne.size() > 1 ? t.ne[0] : 1,
+                                      q ? a.n_head : a.n_head_kv);
+  }
+  if (a.arch == "gemma3" && gguf_name.ends_with("norm.weight"))
+    for (float& v : x) v += 1.0f;
+  return x;
+}
+
+void add_tensor(GgufWriter& w, const ArchInfo& a, const std::string& gguf_name, const TensorRef& t, DType type) {
+  const std::vector<float> x = modified_values(a, gguf_name, t);
+  const uint64_t row = t.ne[0], n_rows = t.n_rows();
+  std::vector<uint8_t> out(row_bytes(type, row) * n_rows);
+  for (uint64_t r = 0; r < n_rows; ++r) quantize_row(type, x.data() + r * row, out.data() + r * row_bytes(type, row), row);
+  w.add_tensor(gguf_name, t.ne, uint32_t(type), out.data(), out.size());
+}
+
+// The tensors of the checkpoint under their GGUF names, in the checkpoint's (sorted) order.
+std::vector<std::pair<std::string, const TensorRef*>> mapped_tensors(const ArchInfo& a, const Checkpoint& c) {
+  std::vector<std::pair<std::string, const TensorRef*>> out;
+  for (const auto& [hf, t] : c.tensors) {
+    if (hf.ends_with(".rotary_emb.inv_freq")) continue;
+    std::string name = gguf_tensor_name(a.arch, hf);
+    // Tied embeddings stored only as lm_head.weight: that is the embedding (llama.cpp's newer converters
+    // name it so; the one beside this project writes output.weight and no token_embd.weight).
+    if (hf == "lm_head.weight" && a.tied) {
+      if (c.tensors.count("model.embed_tokens.weight")) continue;
+      name = "token_embd.weight";
+    }
+    check(!name.empty(), "cannot map tensor '{}' of a {} checkpoint to a GGUF name", hf, a.arch);
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+// Shapes config.json implies for the main weights (GGUF order: ne[0] = columns).
+void check_shapes(const json& c, const std::vector<std::pair<std::string, const TensorRef*>>& tensors) {
+  const uint64_t n_embd = c.at("hidden_size"), n_head = c.at("num_attention_heads");
+  const uint64_t n_kv = c.value("num_key_value_heads", n_head), d = c.value("head_dim", n_embd / n_head);
+  const uint64_t n_ff = c.at("intermediate_size"), n_vocab = c.at("vocab_size");
+  const std::map<std::string, std::vector<uint64_t>> want = {
+      {"attn_q.weight", {n_embd, n_head * d}}, {"attn_k.weight", {n_embd, n_kv * d}},
+      {"attn_v.weight", {n_embd, n_kv * d}},   {"attn_output.weight", {n_head * d, n_embd}},
+      {"ffn_gate.weight", {n_embd, n_ff}},     {"ffn_up.weight", {n_embd, n_ff}},
+      {"ffn_down.weight", {n_ff, n_embd}},     {"token_embd.weight", {n_embd, n_vocab}},
+      {"output.weight", {n_embd, n_vocab}}};
+  for (const auto& [name, t] : tensors) {
+    const auto it = want.find(name.starts_with("blk.") ? name.substr(name.find('.', 4) + 1) : name);
+    if (it == want.end()) continue;
+    check(t->ne == it->second, "tensor '{}' has shape [{}] but config.json implies [{}]", t->name,
+          fmt::join(t->ne, ", "), fmt::join(it->second, ", "));
+  }
+}
+
+ArchInfo arch_info(const json& c, const std::string& path) {
+  ArchInfo a;
+  a.arch = arch_of(c, path);
+  a.n_head = hp_u32(c, "num_attention_heads", path);
+  a.n_head_kv = has_number(c, "num_key_value_heads") ? hp_u32(c, "num_key_value_heads", path) : a.n_head;
+  a.tied = c.value("tie_word_embeddings", a.arch == "gemma3");
+  for (const char* key : {"hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers"}) hp_u32(c, key, path);
+  return a;
+}
+
+void add_general(GgufWriter& w, const std::string& arch, const fs::path& dir) {
+  w.add_string("general.architecture", arch);
+  w.add_string("general.type", "model");
+  w.add_string("general.name", fs::absolute(dir).lexically_normal().filename().string());
+}
+}  // namespace
+
+DType parse_convert_type(const std::string& name) {
+  if (name == "f32") return DType::F32;
+  if (name == "f16") return DType::F16;
+  if (name == "bf16") return DType::BF16;
+  if (name == "q8_0") return DType::Q8_0;
+  fail("unknown output type '{}' (f32, f16, bf16, q8_0)", name);
+}
+
+std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
+  static const std::map<std::string, std::string> top = {
+      {"model.embed_tokens", "token_embd"}, {"model.norm", "output_norm"}, {"lm_head", "output"}};
+  static const std::map<std::string, std::string> layer = {
+      {"self_attn.q_proj", "attn_q"},       {"self_attn.k_proj", "attn_k"},     {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"},  {"mlp.gate_proj", "ffn_gate"},      {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"},        {"input_layernorm", "attn_norm"},   {"self_attn.q_norm", "attn_q_norm"},
+      {"self_attn.k_norm", "attn_k_norm"},  {"pre_feedforward_layernorm", "ffn_norm"},
+      {"post_feedforward_layernorm", "post_ffw_norm"}};
+  static const std::regex re(R"((model\.layers\.(\d+)\.)?(.+)\.(weight|bias))");
+  std::smatch m;
+  if (!std::regex_match(hf, m, re)) return "";
+  const std::string base = m[3], suffix = "." + m[4].str();
+  if (!m[1].matched) {
+    const auto it = top.find(base);
+    return it == top.end() ? "" : it->second + suffix;
+  }
+  std::string name;
+  if (base == "post_attention_layernorm") name = arch == "gemma3" ? "post_attention_norm" : "ffn_norm";
+  else if (const auto it = layer.find(base); it != layer.end()) name = it->second;
+  if (name.empty() || (arch != "gemma3" && (name == "post_ffw_norm" || name == "attn_q_norm" || name == "attn_k_norm")))
+    return "";
+  return "blk." + m[2].str() + "." + name + suffix;
+}
+
+DType converted_type(const std::string& name, size_t n_dims, uint64_t row_len, DType outtype) {
+  const auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.ends_with(s); };
+  if (n_dims <= 1 || ends_with("_norm.weight") || !ends_with(".weight")) return DType::F32;
+  if (outtype == DType::Q8_0 && row_len % dtype_info(DType::Q8_0).block_elems != 0) return DType::F16;
+  return outtype;
+}
+
+std::vector<float> permute_rope_rows(const float* w, uint64_t rows, uint64_t cols, uint64_t n_head) {
+  check(n_head > 0 && rows % (2 * n_head) == 0, "RoPE permutation: {} rows do not split into {} heads of even size",
+        rows, n_head);
+  const uint64_t half = rows / n_head / 2;
+  std::vector<float> out(rows * cols);
+  for (uint64_t h = 0; h < n_head; ++h)
+    for (uint64_t i = 0; i < half; ++i)
+      for (uint64_t j = 0; j < 2; ++j) {
+        const float* src = w + (h * 2 * half + j * half + i) * cols;
+        std::copy(src, src + cols, out.begin() + (h * 2 * half + i * 2 + j) * cols);
+      }
+  return out;
+}
+
+void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& o) {
+  file_type_of(o.outtype);  // throws for a type the converter does not write
+  const fs::path dir = fs::path(hf_dir).lexically_normal();
+  check(fs::is_directory(dir), "{}: not a directory", hf_dir);
+  const std::string config_path = (dir / "config.json").string();
+  const json config = read_json(config_path);
+  ArchInfo a;
+  try {
+    a = arch_info(config, config_path);
+  } catch (const json::exception& e) {
+    fail("{}: missing or mistyped field: {}", config_path, e.what());
+  }
+  const Checkpoint ckpt = open_checkpoint(dir);
+  const auto tensors = mapped_tensors(a, ckpt);
+  check_shapes(config, tensors);
+  GgufWriter w;
+  add_general(w, a.arch, dir);
+  add_hparams(w, a.arch, config, o.outtype, config_path);
+  add_tokenizer(w, dir, config);
+  w.add_u32("general.quantization_version", kQuantizationVersion);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    const DType type = converted_type(name, t->ne.size(), t->ne[0], o.outtype);
+    add_tensor(w, a, name, *t, type);
+    if (o.progress) o.progress(i + 1, tensors.size(), name, type);
+  }
+  w.write(out_path);
+}
+
+}  // namespace serval
