@@ -187,7 +187,7 @@ bool looks_special(const std::string& t) {
 // regex give the same hash, so the regex in tokenizer.json names it here.
 std::string bpe_pre_name(const json& tok, const std::string& path) {
   const std::string pre = tok.value("pre_tokenizer", json()).dump();
-  if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N})") != std::string::npos)
+  if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|)") != std::string::npos)
     return "qwen2";
   if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3})") != std::string::npos)
     return "llama-bpe";
@@ -268,7 +268,7 @@ void add_special_tokens(GgufWriter& w, const json& tok, const json& tc, const js
 }
 
 // The tokenizer.ggml.* keys from tokenizer.json and tokenizer_config.json.
-void add_tokenizer(GgufWriter& w, const fs::path& dir, const json& config) {
+void add_tokenizer(GgufWriter& w, const std::string& arch, const fs::path& dir, const json& config) {
   const fs::path tok_path = dir / "tokenizer.json";
   const json tok = read_json(tok_path);
   const json tc = fs::exists(dir / "tokenizer_config.json") ? read_json(dir / "tokenizer_config.json") : json::object();
@@ -298,7 +298,7 @@ void add_tokenizer(GgufWriter& w, const fs::path& dir, const json& config) {
   w.add_value("tokenizer.ggml.token_type", int_array(GgufValueType::INT32, token_types(v, tok, tc, llama_hf)));
   if (!llama_hf) w.add_value("tokenizer.ggml.merges", string_array(ordered_merges(v)));
   add_special_tokens(w, tok, tc, config, v.tokens.size());
-  if (tc.contains("add_prefix_space") && tc["add_prefix_space"].is_boolean())
+  if (arch == "llama" && tc.contains("add_prefix_space") && tc["add_prefix_space"].is_boolean())  // LlamaModel only
     w.add_value("tokenizer.ggml.add_space_prefix", {GgufValueType::BOOL, tc["add_prefix_space"].get<bool>()});
 }
 
@@ -463,7 +463,7 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   GgufWriter w;
   add_general(w, a.arch, dir);
   add_hparams(w, a.arch, config, o.outtype, config_path);
-  add_tokenizer(w, dir, config);
+  add_tokenizer(w, a.arch, dir, config);
   w.add_u32("general.quantization_version", kQuantizationVersion);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];

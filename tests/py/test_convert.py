@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from conftest import DATA, MODELS, run
+from conftest import DATA, MODELS, cached_model, run
 
 HF = MODELS / "TinyStories-656K"
 RECORDED = json.loads((DATA / "convert_llama_cpp.json").read_text())
@@ -48,6 +48,80 @@ def converted(tmp_path_factory):
         out[t] = d / f"{t}.gguf"
         run("convert", HF, out[t], "--outtype", t, timeout=120)
     return out
+
+
+# A Qwen2 checkpoint: the real Qwen2.5 tokenizer (tokenizer.json rebuilt from the cached GGUF's vocabulary,
+# merges and token types, with Qwen2's pre-tokenizer) and small deterministic weights (one layer), so
+# that the names, biases, the absent permutation and the gpt2 vocabulary are checked in seconds.
+QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+              r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+               "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": 151936,
+               "tie_word_embeddings": True, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "float32"}
+
+
+def qwen_tokenizer(gguf_path):
+    f = GGUFReader(gguf_path).fields
+    tokens, types = f["tokenizer.ggml.tokens"].contents(), f["tokenizer.ggml.token_type"].contents()
+    vocab = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": ty == 3} for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4)]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    split = {"type": "Split", "pattern": {"Regex": QWEN_REGEX}, "behavior": "Isolated", "invert": False}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": {"type": "NFC"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
+            "post_processor": byte_level, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": vocab, "merges": f["tokenizer.ggml.merges"].contents()}}, f["tokenizer.chat_template"].contents()
+
+
+def weights(shape, k):
+    """Deterministic values in [-0.05, 0.05) (integer arithmetic, the same on every machine)."""
+    i = np.arange(int(np.prod(shape)), dtype=np.int64)
+    return ((((i * 2654435761 + k * 40503) % 65521) / 65521.0 - 0.5) * 0.1).astype(np.float32).reshape(shape)
+
+
+def qwen_tensors(c):
+    e, ff, kv = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_attention_heads"] * c["num_key_value_heads"]
+    shapes = {"model.embed_tokens.weight": [c["vocab_size"], e], "model.norm.weight": [e]}
+    for name, shape in {"input_layernorm.weight": [e], "post_attention_layernorm.weight": [e],
+                        "self_attn.q_proj.weight": [e, e], "self_attn.q_proj.bias": [e],
+                        "self_attn.k_proj.weight": [kv, e], "self_attn.k_proj.bias": [kv],
+                        "self_attn.v_proj.weight": [kv, e], "self_attn.v_proj.bias": [kv],
+                        "self_attn.o_proj.weight": [e, e], "mlp.gate_proj.weight": [ff, e],
+                        "mlp.up_proj.weight": [ff, e], "mlp.down_proj.weight": [e, ff]}.items():
+        shapes[f"model.layers.0.{name}"] = shape
+    return {n: ("F32", s, weights(s, k).tobytes()) for k, (n, s) in enumerate(sorted(shapes.items()))}
+
+
+def make_qwen_dir(d, gguf_path):
+    d.mkdir(parents=True, exist_ok=True)
+    tok, template = qwen_tokenizer(gguf_path)
+    (d / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "add_bos_token": False, "add_prefix_space": False, "bos_token": None,
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template,
+        "model_max_length": 32768, "errors": "replace", "clean_up_tokenization_spaces": False}))
+    (d / "config.json").write_text(json.dumps(QWEN_CONFIG))
+    write_safetensors(d / "model.safetensors", qwen_tensors(QWEN_CONFIG))
+    return d
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    d = make_qwen_dir(tmp_path_factory.mktemp("qwen") / "qwen2-tiny", cached_model("qwen2.5-coder-0.5b-instruct"))
+    out = d.parent / "q8_0.gguf"
+    run("convert", d, out, "--outtype", "q8_0", timeout=120)
+    return out
+
+
+def test_qwen2_is_llama_cpp_converters(qwen):
+    assert digest(qwen) == RECORDED["qwen2"]["tensors"]
+    got, want = metadata(qwen), RECORDED["qwen2"]["metadata"]
+    differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    assert not differ, "\n".join(f"{k}: serval {got.get(k)} llama.cpp {want.get(k)}" for k in differ)
 
 
 def recorded_tensors(outtype):
