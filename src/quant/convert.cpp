@@ -248,7 +248,7 @@ std::vector<std::string> ordered_merges(const Vocab& v) {
 void add_special_tokens(GgufWriter& w, const json& tok, const json& tc, const json& config, size_t n_vocab) {
   static const std::vector<std::pair<std::string, std::string>> kinds = {
       {"bos", "bos_token_id"}, {"eos", "eos_token_id"}, {"unk", "unknown_token_id"}, {"sep", "seperator_token_id"},
-      {"pad", "padding_token_id"}, {"cls", "cls_token_id"}, {"mask", "mask_token_id"}};
+      {"pad", "padding_token_id"}, {"mask", "mask_token_id"}};  // gguf-py has no key for cls
   for (const auto& [kind, key] : kinds) {
     std::optional<int64_t> id;
     const json entry = tc.value(kind + "_token", json());
