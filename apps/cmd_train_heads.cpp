@@ -3,7 +3,6 @@
 // Adam to predict the token 2 + k places ahead, over the corpus's most frequent tokens; writes the heads
 // to a small GGUF file for `--spec heads FILE`, and the loss curves to a PNG.
 #include <fmt/core.h>
-#include <png.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +13,7 @@
 #include <random>
 
 #include "apps/commands.h"
+#include "apps/png_plot.h"
 #include "base/error.h"
 #include "base/file_util.h"
 #include "engine/engine.h"
@@ -130,18 +130,14 @@ std::vector<int32_t> self_distilled(const Model& m, std::span<const int32_t> cor
   return tokens;
 }
 
-// A line chart of each head's smoothed training loss, written as an RGB PNG with libpng.
+// A line chart of each head's smoothed training loss, drawn on a png_plot canvas.
 void write_loss_png(const std::string& path, const std::vector<std::vector<double>>& curves) {
   const int W = 640, H = 400, margin = 40;
-  std::vector<uint8_t> img(static_cast<size_t>(W * H * 3), 255);
-  auto put = [&](int x, int y, const uint8_t* c) {
-    if (x < 0 || y < 0 || x >= W || y >= H) return;
-    std::copy(c, c + 3, img.begin() + (y * W + x) * 3);
-  };
-  const uint8_t black[3] = {0, 0, 0}, colors[6][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},
-                                                      {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
-  for (int x = margin; x < W - margin / 2; ++x) put(x, H - margin, black);
-  for (int y = margin / 2; y < H - margin; ++y) put(margin, y, black);
+  Canvas img(W, H);
+  const Rgb black{0, 0, 0}, colors[6] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},
+                                        {214, 39, 40}, {148, 103, 189}, {140, 86, 75}};
+  for (int x = margin; x < W - margin / 2; ++x) img.pixel(x, H - margin, black);
+  for (int y = margin / 2; y < H - margin; ++y) img.pixel(margin, y, black);
   double hi = 0;
   size_t n = 0;
   for (const auto& c : curves)
@@ -154,26 +150,10 @@ void write_loss_png(const std::string& path, const std::vector<std::vector<doubl
       const int steps = int(std::max(std::abs(x1 - x0), std::abs(y1 - y0))) + 1;
       for (int s = 0; s <= steps; ++s)
         for (int t = 0; t < 2; ++t)
-          put(int(x0 + (x1 - x0) * s / steps), int(y0 + (y1 - y0) * s / steps) + t, colors[k % 6]);
+          img.pixel(int(x0 + (x1 - x0) * s / steps), int(y0 + (y1 - y0) * s / steps) + t, colors[k % 6]);
     }
   }
-  FILE* f = std::fopen(path.c_str(), "wb");
-  check(f != nullptr, "cannot write '{}'", path);
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  png_infop info = png_create_info_struct(png);
-  if (setjmp(png_jmpbuf(png))) {
-    png_destroy_write_struct(&png, &info);
-    std::fclose(f);
-    fail("writing '{}' failed", path);
-  }
-  png_init_io(png, f);
-  png_set_IHDR(png, info, W, H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-               PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  for (int y = 0; y < H; ++y) png_write_row(png, img.data() + y * W * 3);
-  png_write_end(png, nullptr);
-  png_destroy_write_struct(&png, &info);
-  std::fclose(f);
+  img.write_png(path);
 }
 
 // Labels of head k for every position: the subset index of the token 2 + k ahead in the same window.
