@@ -38,7 +38,9 @@ TEST(Fp8E4m3, RoundTripsEveryCode) {
     const float x = fp8_e4m3_to_f32(uint8_t(c));
     if (std::isnan(x)) continue;
     EXPECT_EQ(f32_to_fp8_e4m3(x), c) << "code " << c;
-    if (c > 0 && c <= 0x7E) EXPECT_GT(x, fp8_e4m3_to_f32(uint8_t(c - 1)));
+    if (c > 0 && c <= 0x7E) {
+      EXPECT_GT(x, fp8_e4m3_to_f32(uint8_t(c - 1)));
+    }
     EXPECT_EQ(fp8_e4m3_table()[c], x);
   }
 }
