@@ -16,10 +16,6 @@ namespace {
 constexpr const char* kSum2 = ".in_sum2";
 constexpr const char* kCounts = ".counts";
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 std::vector<double> f32_tensor(const TensorRef& t) {
   check(t.type == DType::F32, "{}: imatrix tensors are F32, not {}", t.name, dtype_info(t.type).name);
   std::vector<double> v(t.n_elements());
@@ -38,7 +34,7 @@ Imatrix load_gguf(const std::string& path) {
   m.chunk_count = int(g.find_int("imatrix.chunk_count").value_or(0));
   m.chunk_size = int(g.find_int("imatrix.chunk_size").value_or(0));
   for (const auto& t : g.tensors()) {
-    if (!ends_with(t.name, kSum2)) continue;
+    if (!t.name.ends_with(kSum2)) continue;
     const std::string name = t.name.substr(0, t.name.size() - std::strlen(kSum2));
     const TensorRef* c = g.find_tensor(name + kCounts);
     check(c != nullptr, "{}: {} has no {}{}", path, t.name, name, kCounts);

@@ -61,9 +61,6 @@ bool weight_order(const std::string& a, const std::string& b) {
   return la != lb ? la < lb : a < b;
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 // Weights llama-quantize quantizes: 2-D (or more) `...weight` tensors but for norms, positional
@@ -72,7 +69,7 @@ bool quantizable(const TensorRef& t, const QuantizeOptions& o) {
   static const char* const kKept[] = {"_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "time_mix_first.weight",
                                       "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_decay_w1.weight",
                                       "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight", "attn_rel_b.weight"};
-  if (!ends_with(t.name, "weight") || t.ne.size() < 2) return false;
+  if (!t.name.ends_with("weight") || t.ne.size() < 2) return false;
   if (t.name == "position_embd.weight" || t.name == "token_types.weight") return false;
   if (o.leave_output_tensor && t.name == "output.weight") return false;
   return std::none_of(std::begin(kKept), std::end(kKept), [&](const char* k) { return contains(t.name, k); });
@@ -284,8 +281,8 @@ namespace {
 // One tensor converted: rows dequantized to float and quantized again, rows in parallel.
 // AWQ's rescaling of one float row `r` (quant/awq.h).
 void rescale_row(const ChannelRescale& x, int64_t r, float* row, int64_t cols) {
-  for (int64_t j = 0; j < cols && !x.col_mul.empty(); ++j) row[j] *= x.col_mul[size_t(j)];
-  for (int64_t j = 0; j < cols && !x.col_div.empty(); ++j) row[j] /= x.col_div[size_t(j)];
+  for (size_t j = 0; j < x.col_mul.size(); ++j) row[j] *= x.col_mul[j];
+  for (size_t j = 0; j < x.col_div.size(); ++j) row[j] /= x.col_div[j];
   if (!x.row_div.empty())
     for (int64_t j = 0; j < cols; ++j) row[j] /= x.row_div[size_t(r)];
 }
