@@ -307,11 +307,36 @@ std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, std::vector<fl
   return out;
 }
 
+// The Hessian GPTQ rounds tensor `c` with, or null (another method, no entry, a type it cannot write).
+const Hessian* hessian_for(const QuantizeOptions& o, const TensorChoice& c, const TensorRef& t) {
+  if (o.method != "gptq" || o.hessians == nullptr || !gptq_supports(c.to)) return nullptr;
+  const auto it = o.hessians->find(c.name);
+  if (it == o.hessians->end()) return nullptr;
+  check(it->second->n == int64_t(t.row_len()), "{}: the calibration saw {} inputs, the matrix has {} columns", c.name,
+        it->second->n, t.row_len());
+  return it->second.get();
+}
+
+// A whole matrix rounded by GPTQ: its rows dequantized to float first.
+std::vector<uint8_t> gptq_tensor(const TensorRef& t, DType to, const Hessian& h, const QuantizeOptions& o,
+                                 const std::vector<float>& importance) {
+  const int64_t cols = int64_t(t.row_len()), rows = int64_t(t.n_rows());
+  const size_t in_row = row_bytes(t.type, size_t(cols));
+  std::vector<float> w(size_t(rows * cols));
+  parallel_for(rows, [&](int64_t r) {
+    dequantize_row(t.type, t.data + size_t(r) * in_row, w.data() + r * cols, size_t(cols));
+  });
+  return gptq_quantize(to, w.data(), rows, cols, h, o.gptq_damp, importance);
+}
+
 // --method: rtn (the searches alone) or awq (scales first; the norms they fold into are rewritten).
 AwqPlan plan_method(const GgufFile& in, std::vector<TensorChoice>& choices, const QuantizeOptions& o) {
   if (o.method == "rtn") return {};
-  check(o.method != "gptq", "--method gptq is not implemented yet (rtn and awq are)");
-  check(o.method == "awq", "unknown --method '{}' (rtn, awq)", o.method);
+  if (o.method == "gptq") {
+    check(o.hessians != nullptr, "--method gptq needs calibration text (--calib-file) to measure each matrix's inputs");
+    return {};
+  }
+  check(o.method == "awq", "unknown --method '{}' (rtn, awq, gptq)", o.method);
   check(o.imatrix != nullptr, "--method awq needs --imatrix (the activation statistics it scales by)");
   AwqPlan plan = awq_plan(in, choices, *o.imatrix);
   for (auto& c : choices)
@@ -359,7 +384,10 @@ QuantizeReport quantize_file(const std::string& in_path, const std::string& out_
                                                                : std::vector<float>{};
       if (o.imatrix && is_quantized(c.to) && importance.empty()) ++rep.without_imatrix;
       const auto it = awq.rescale.find(c.name);
-      const auto bytes = convert_tensor(t, c.to, importance, it == awq.rescale.end() ? nullptr : &it->second);
+      const Hessian* h = hessian_for(o, c, t);
+      rep.gptq += h != nullptr;
+      const auto bytes = h ? gptq_tensor(t, c.to, *h, o, importance)
+                           : convert_tensor(t, c.to, importance, it == awq.rescale.end() ? nullptr : &it->second);
       w.add_tensor(c.name, t.ne, uint32_t(c.to), bytes.data(), bytes.size());
       rep.bytes_out += bytes.size();
       ++rep.converted;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "io/ggml_types.h"
+#include "quant/gptq.h"
 
 namespace serval {
 
@@ -38,8 +39,13 @@ struct QuantizeOptions {
   // are quantized without it, as llama-quantize does.
   const Imatrix* imatrix = nullptr;
   std::string imatrix_path;  // recorded in the output's metadata
-  // "rtn" (round to nearest with the searches above), or "awq" (quant/awq.h; needs the imatrix).
+  // "rtn" (round to nearest with the searches above), "awq" (quant/awq.h; needs the imatrix) or
+  // "gptq" (quant/gptq.h; needs `hessians`).
   std::string method = "rtn";
+  // --method gptq: the calibration Hessians by weight name; quantized matrices without one (the output
+  // and the embedding) are rounded as with rtn. `gptq_damp`: the Hessian's diagonal damping.
+  const HessianSet* hessians = nullptr;
+  float gptq_damp = 0.01f;
 };
 
 struct TensorChoice {
@@ -56,6 +62,7 @@ struct QuantizeReport {
   uint64_t bytes_in = 0, bytes_out = 0, n_params = 0;
   int64_t converted = 0, copied = 0;
   int64_t without_imatrix = 0;  // quantized tensors the imatrix has no entry for
+  int64_t gptq = 0;             // tensors rounded by GPTQ
   std::vector<std::pair<std::string, float>> awq_alphas;  // --method awq: each group's alpha (0: unscaled)
   std::vector<std::string> warnings;  // fallbacks and requantized inputs
 };

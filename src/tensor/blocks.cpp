@@ -1,5 +1,6 @@
 #include "tensor/blocks.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "base/error.h"
@@ -89,6 +90,65 @@ void unpack_q6_k(const uint8_t* b, BlockK& o) {  // ql[128], qh[64], scales[16] 
     }
 }
 
+void pack_q2_k(uint8_t* b, const int8_t* v) {
+  uint8_t* q = b + 16;
+  std::memset(q, 0, 64);
+  int i = 0;
+  for (int half = 0; half < 2; ++half, q += 32)
+    for (int shift = 0; shift < 8; shift += 2)
+      for (int part = 0; part < 2; ++part)
+        for (int l = 0; l < 16; ++l) q[l + 16 * part] |= uint8_t((v[i++] & 3) << shift);
+}
+
+void pack_q3_k(uint8_t* b, const int8_t* v) {
+  uint8_t* hmask = b;
+  uint8_t* q = b + 32;
+  std::memset(b, 0, 96);
+  int i = 0;
+  uint8_t m = 1;
+  for (int half = 0; half < 2; ++half, q += 32)
+    for (int shift = 0; shift < 8; shift += 2, m <<= 1)
+      for (int part = 0; part < 2; ++part)
+        for (int l = 0; l < 16; ++l) {
+          const int idx = l + 16 * part, c = v[i++] + 4;
+          q[idx] |= uint8_t((c & 3) << shift);
+          if (c & 4) hmask[idx] |= m;
+        }
+}
+
+void pack_q45_k(uint8_t* b, const int8_t* v, bool five_bits) {
+  uint8_t* qh = b + 16;
+  uint8_t* ql = b + (five_bits ? 48 : 16);
+  std::memset(b + 16, 0, five_bits ? 160 : 128);
+  for (int chunk = 0; chunk < 4; ++chunk, ql += 32)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = v[chunk * 64 + l], hi = v[chunk * 64 + 32 + l];
+      ql[l] = uint8_t((lo & 0x0F) | ((hi & 0x0F) << 4));
+      if (five_bits) qh[l] |= uint8_t((((lo >> 4) & 1) << (2 * chunk)) | (((hi >> 4) & 1) << (2 * chunk + 1)));
+    }
+}
+
+void pack_q6_k(uint8_t* b, const int8_t* v) {
+  uint8_t* ql = b;
+  uint8_t* qh = b + 128;
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32)
+    for (int l = 0; l < 32; ++l) {
+      const int8_t* q = v + half * 128;
+      const int c0 = q[l] + 32, c1 = q[l + 32] + 32, c2 = q[l + 64] + 32, c3 = q[l + 96] + 32;
+      ql[l] = uint8_t((c0 & 0x0F) | ((c2 & 0x0F) << 4));
+      ql[l + 32] = uint8_t((c1 & 0x0F) | ((c3 & 0x0F) << 4));
+      qh[l] = uint8_t((c0 >> 4) | ((c1 >> 4) << 2) | ((c2 >> 4) << 4) | ((c3 >> 4) << 6));
+    }
+}
+
+// The index of the IQ4_NL level nearest to v (the lower one on a tie).
+int iq4nl_index(int v) {
+  int best = 0;
+  for (int k = 1; k < 16; ++k)
+    if (std::abs(kIq4nlLevels[k] - v) < std::abs(kIq4nlLevels[best] - v)) best = k;
+  return best;
+}
+
 }  // namespace
 
 bool is_kquant(DType t) {
@@ -147,6 +207,66 @@ void unpack_block_k(DType type, const uint8_t* b, BlockK& o) {
     case DType::Q5_K: unpack_q45_k(b, o, true); return;
     case DType::Q6_K: unpack_q6_k(b, o); return;
     default: fail("internal: {} is not a k-quant type", dtype_info(type).name);
+  }
+}
+
+const int8_t* iq4nl_levels() { return kIq4nlLevels; }
+
+void pack_codes32(DType type, uint8_t* b, const int8_t* q) {
+  switch (type) {
+    case DType::Q8_0: std::memcpy(b + 2, q, 32); return;
+    case DType::Q4_0: case DType::Q4_1: {
+      const bool has_min = type == DType::Q4_1;
+      uint8_t* qs = b + (has_min ? 4 : 2);
+      const int offset = has_min ? 0 : 8;
+      for (int j = 0; j < 16; ++j) qs[j] = uint8_t(((q[j] + offset) & 0x0F) | (((q[j + 16] + offset) & 0x0F) << 4));
+      return;
+    }
+    case DType::Q5_0: case DType::Q5_1: {
+      const bool has_min = type == DType::Q5_1;
+      uint8_t* qs = b + (has_min ? 8 : 6);
+      const int offset = has_min ? 0 : 16;
+      uint32_t qh = 0;
+      for (int j = 0; j < 16; ++j) {
+        const int lo = q[j] + offset, hi = q[j + 16] + offset;
+        qs[j] = uint8_t((lo & 0x0F) | ((hi & 0x0F) << 4));
+        qh |= uint32_t((lo >> 4) & 1) << j | uint32_t((hi >> 4) & 1) << (j + 16);
+      }
+      std::memcpy(b + (has_min ? 4 : 2), &qh, 4);
+      return;
+    }
+    case DType::IQ4_NL:
+      for (int j = 0; j < 16; ++j) b[2 + j] = uint8_t(iq4nl_index(q[j]) | (iq4nl_index(q[j + 16]) << 4));
+      return;
+    default: fail("internal: {} is not a 32-element quantized type", dtype_info(type).name);
+  }
+}
+
+void pack_codes_k(DType type, uint8_t* b, const int8_t* q) {
+  switch (type) {
+    case DType::Q2_K: pack_q2_k(b, q); return;
+    case DType::Q3_K: pack_q3_k(b, q); return;
+    case DType::Q4_K: pack_q45_k(b, q, false); return;
+    case DType::Q5_K: pack_q45_k(b, q, true); return;
+    case DType::Q6_K: pack_q6_k(b, q); return;
+    default: fail("internal: {} is not a k-quant type", dtype_info(type).name);
+  }
+}
+
+CodeRange code_range(DType type) {
+  switch (type) {
+    case DType::Q8_0: return {-127, 127};
+    case DType::Q4_0: return {-8, 7};
+    case DType::Q4_1: return {0, 15};
+    case DType::Q5_0: return {-16, 15};
+    case DType::Q5_1: return {0, 31};
+    case DType::IQ4_NL: return {-127, 113};
+    case DType::Q2_K: return {0, 3};
+    case DType::Q3_K: return {-4, 3};
+    case DType::Q4_K: return {0, 15};
+    case DType::Q5_K: return {0, 31};
+    case DType::Q6_K: return {-32, 31};
+    default: fail("internal: {} has no integer codes", dtype_info(type).name);
   }
 }
 

@@ -30,4 +30,18 @@ bool is_kquant(DType type);
 void unpack_block32(DType type, const uint8_t* block, Block32& out);
 void unpack_block_k(DType type, const uint8_t* block, BlockK& out);
 
+// The inverse for the values alone: rewrites the codes of a packed block with `q` (as unpack gives
+// them: signed for Q4_0 / Q5_0 / Q8_0 / Q3_K / Q6_K, IQ4_NL's level values), keeping its scales. Used
+// by GPTQ-style rounding (quant/gptq.h), which picks each value on a grid the scales fix.
+void pack_codes32(DType type, uint8_t* block, const int8_t* q);
+void pack_codes_k(DType type, uint8_t* block, const int8_t* q);
+// The codes a type's blocks can hold: [lo, hi] (for IQ4_NL, its levels -127..113; any value there is
+// rounded to the nearest level by pack_codes32).
+struct CodeRange {
+  int lo, hi;
+};
+CodeRange code_range(DType type);
+// IQ4_NL's sixteen levels, ascending.
+const int8_t* iq4nl_levels();
+
 }  // namespace serval
