@@ -17,11 +17,12 @@ namespace {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ColMat = Eigen::MatrixXf;
 
-// The symmetric n x n matrix H / rows (from its lower triangle), with the columns that saw no input
-// marked dead and given a unit diagonal, and `damp` x its mean diagonal added.
+// H / rows, with the columns that saw no input marked dead and given a unit diagonal, and `damp` x
+// its mean diagonal added.
 ColMat damped(const Hessian& hs, float damp, std::vector<char>& dead) {
   const int64_t n = hs.n;
-  ColMat a = Eigen::Map<const RowMat>(hs.h.data(), n, n).selfadjointView<Eigen::Lower>();
+  ColMat a = Eigen::Map<const RowMat>(hs.h.data(), n, n);
+  check(a.allFinite(), "GPTQ: the calibration inputs were not finite (the model overflows on this text)");
   a /= float(std::max(1.0, hs.rows));
   dead.assign(size_t(n), 0);
   for (int64_t j = 0; j < n; ++j)
@@ -84,7 +85,9 @@ void quantize_group_row(DType type, float* w, uint8_t* out, int64_t c0, int64_t 
   const int64_t block = is_kquant(type) ? 256 : 32;
   for (int64_t b0 = 0; b0 < len; b0 += block) {
     uint8_t* bytes = out + row_bytes(type, size_t(b0));
-    quantize_row(type, w + b0, bytes, size_t(block), importance + b0);
+    float total = 0;  // a block whose columns all saw no input is searched unweighted
+    for (int64_t i = 0; i < block; ++i) total += importance[b0 + i];
+    quantize_row(type, w + b0, bytes, size_t(block), total > 0 ? importance + b0 : nullptr);
     block_grid(type, bytes, g);
     int8_t codes[256];
     for (int64_t i = 0; i < block; ++i) {
@@ -156,7 +159,7 @@ double gptq_output_error(DType type, const float* w, const uint8_t* q, int64_t r
     dequantize_row(type, q + size_t(r) * in_row, &e(r, 0), size_t(cols));
     for (int64_t j = 0; j < cols; ++j) e(r, j) = w[size_t(r * cols + j)] - e(r, j);
   }
-  const Eigen::MatrixXd h = Eigen::Map<const RowMat>(hs.h.data(), cols, cols).selfadjointView<Eigen::Lower>().toDenseMatrix().cast<double>();
+  const Eigen::MatrixXd h = Eigen::Map<const RowMat>(hs.h.data(), cols, cols).cast<double>();
   const double total = (e.cast<double>() * h).cwiseProduct(e.cast<double>()).sum();
   return total / std::max(1.0, hs.rows);
 }
