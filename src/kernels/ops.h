@@ -43,6 +43,11 @@ struct KvLayerView {
   // read back never depend on what else was in the batch.
   int64_t d_head = 0;
   const float* head_scale = nullptr;
+  // FP8 caches store each head's V values rotated by the orthonormal Walsh-Hadamard transform
+  // (hadamard_rotate), which spreads them evenly over the head, so that small values stay out of
+  // E4M3's subnormal range; attention rotates its weighted sum of V back, so its output is the same
+  // function as without the rotation (docs/quantization.md). K is stored as it is.
+  bool v_rotated = false;
 
   // Copies `n` elements of slot `slot` starting at element `offset` of K (or V) into `out` as floats.
   // Types: F32, F16, BF16, Q8_0 (offset and n multiples of 32), F8_E4M3 (one KV head at most).
@@ -66,6 +71,9 @@ struct AttentionQuery {
   KvSpan keys;
   float* out = nullptr;
 };
+
+// The orthonormal Walsh-Hadamard transform of x[n] in place (n a power of two); its own inverse.
+void hadamard_rotate(float* x, int64_t n);
 
 struct AttentionShape {
   int n_head = 0;

@@ -15,6 +15,7 @@ namespace serval {
 KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
     : n_slots_(std::move(n_slots)), kv_dim_(c.local_kv_dim()), type_(type), d_head_(c.d_head),
       n_head_kv_(c.local_kv_dim() / c.d_head), row_bytes_(0), head_scale_(size_t(c.n_layer * n_head_kv_), 1.0f),
+      v_rotated_(type == DType::F8_E4M3 && c.d_head > 0 && (c.d_head & (c.d_head - 1)) == 0),
       record_copies_(c.shard.split() && c.shard.rank() == 0) {
   check(type == DType::F16 || type == DType::F32 || type == DType::BF16 || type == DType::Q8_0 ||
             type == DType::F8_E4M3,
@@ -64,6 +65,12 @@ void store_row(DType type, const float* x, uint8_t* out, int64_t kv_dim, int64_t
 void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
   const float* scale = head_scale_.data() + layer * n_head_kv_;
   store_row(type_, k, k_[layer].data.get() + int64_t(slot) * row_bytes_, kv_dim_, d_head_, scale);
+  if (v_rotated_) {
+    thread_local std::vector<float> rotated;
+    rotated.assign(v, v + kv_dim_);
+    for (int64_t h = 0; h < n_head_kv_; ++h) hadamard_rotate(rotated.data() + h * d_head_, d_head_);
+    v = rotated.data();
+  }
   store_row(type_, v, v_[layer].data.get() + int64_t(slot) * row_bytes_, kv_dim_, d_head_, scale);
 }
 
@@ -80,7 +87,8 @@ void KvCache::copy_slot(int group, int32_t from, int32_t to) {
 }
 
 KvLayerView KvCache::view(int64_t layer) const {
-  return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_, d_head_, head_scale_.data() + layer * n_head_kv_};
+  return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_, d_head_, head_scale_.data() + layer * n_head_kv_,
+          v_rotated_};
 }
 
 void Batch::add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits) {

@@ -18,7 +18,8 @@ namespace serval {
 // K and V of every layer in slots of kv_dim elements (F16 by default, as llama.cpp; F32, BF16, Q8_0 or
 // F8_E4M3). Each KV group (see ModelConfig::kv_group) has its own slot space; a sequence maps
 // positions to slots. A token's K and V are quantized alone (Q8_0: blocks of 32 values of one head;
-// F8_E4M3: a fixed scale per layer and KV head, 1 unless set): the bytes never depend on the batch.
+// F8_E4M3: a fixed scale per layer and KV head, 1 unless set, and V rotated per head, see
+// KvLayerView::v_rotated): the bytes never depend on the batch.
 class KvCache {
  public:
   // `n_slots[g]` slots for group g.
@@ -55,6 +56,7 @@ class KvCache {
   int64_t d_head_, n_head_kv_;
   size_t row_bytes_;                // bytes of one slot's K (or V) row of a layer
   std::vector<float> head_scale_;  // [layer][local KV head]
+  bool v_rotated_;                  // F8_E4M3 with a power-of-two head size: V stored rotated (KvLayerView)
   // Uninitialized on purpose: pages are only touched (and become resident) when written.
   struct Pool {
     std::unique_ptr<uint8_t[]> data;

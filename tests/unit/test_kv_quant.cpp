@@ -11,6 +11,7 @@
 #include "engine/capacity.h"
 #include "model/model.h"
 #include "tensor/dequant.h"
+#include "random_blocks.h"
 #include "test_support.h"
 
 namespace serval {
@@ -120,7 +121,10 @@ TEST(KvCacheTypes, Fp8RowsUseTheHeadScale) {
   for (int i = 0; i < 64; ++i) k[size_t(i)] = float(i) * 0.37f - 11, v[size_t(i)] = 200.0f - float(i) * 9;
   kv.write(0, 1, k.data(), v.data());
   const KvLayerView view = kv.view(0);
-  for (const auto& [pool, src] : {std::pair{view.k, &k}, std::pair{view.v, &v}})
+  EXPECT_TRUE(view.v_rotated);
+  std::vector<float> v_stored = v;  // V is stored rotated per head (KvLayerView::v_rotated)
+  for (int h = 0; h < 2; ++h) hadamard_rotate(v_stored.data() + h * 32, 32);
+  for (const auto& [pool, src] : {std::pair{view.k, &k}, std::pair{view.v, &v_stored}})
     for (int h = 0; h < 2; ++h) {
       const float s = h == 1 ? 0.25f : 1.0f;
       view.load(pool, 1, h * 32, 32, back.data());
@@ -128,6 +132,65 @@ TEST(KvCacheTypes, Fp8RowsUseTheHeadScale) {
         EXPECT_EQ(back[size_t(i)], fp8_e4m3_to_f32(f32_to_fp8_e4m3((*src)[size_t(h * 32 + i)] / s)) * s)
             << "head " << h << " element " << i;
     }
+}
+
+TEST(Hadamard, IsOrthonormalAndItsOwnInverse) {
+  for (int64_t n : {1, 2, 32, 64, 128, 256}) {
+    const auto x = test::random_floats(size_t(n), uint32_t(n));
+    std::vector<float> y = x;
+    hadamard_rotate(y.data(), n);
+    double nx = 0, ny = 0;
+    for (int64_t i = 0; i < n; ++i) nx += double(x[size_t(i)]) * x[size_t(i)], ny += double(y[size_t(i)]) * y[size_t(i)];
+    EXPECT_NEAR(ny, nx, 1e-5 * nx) << n;
+    hadamard_rotate(y.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[size_t(i)], x[size_t(i)], 1e-5f) << n << " element " << i;
+  }
+  std::vector<float> e(64, 0.0f);
+  e[0] = 1;
+  hadamard_rotate(e.data(), 64);
+  for (float x : e) EXPECT_FLOAT_EQ(x, 0.125f);  // the first basis vector spreads evenly
+  e.assign(4, 0.0f), e[1] = 1;
+  hadamard_rotate(e.data(), 4);
+  EXPECT_EQ(e, (std::vector<float>{0.5f, -0.5f, 0.5f, -0.5f}));
+}
+
+// FP8 stores V rotated; attention (both the reference and the kernels) rotates its output back, so it
+// approximates the F32 cache's attention to E4M3's precision, and reading the rotated V as if it were
+// not (the view's flag cleared) gives a different answer.
+TEST(KvCacheTypes, Fp8AttentionUndoesTheVRotation) {
+  const int64_t d = 64, n_pos = 24;
+  const ModelConfig c = toy_config(2, d);
+  KvCache f32(c, n_pos, DType::F32), fp8(c, n_pos, DType::F8_E4M3);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> k(2 * d), v(2 * d);
+  for (int32_t p = 0; p < n_pos; ++p) {
+    for (auto& x : k) x = nd(rng);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = nd(rng) * (i % 8 == 0 ? 4.0f : 0.01f);  // small values and a few large
+    f32.write(0, p, k.data(), v.data());
+    fp8.write(0, p, k.data(), v.data());
+  }
+  const auto q = test::random_floats(size_t(2 * d), 9);
+  std::vector<int32_t> slots(n_pos);
+  for (int32_t p = 0; p < n_pos; ++p) slots[size_t(p)] = p;
+  const AttentionShape s{2, 2, int(d), 1.0f / 8};
+  std::vector<float> want(2 * d), got(2 * d), ref_got(2 * d), unrotated(2 * d);
+  cpu::attention(s, q.data(), f32.view(0), slots, want.data());
+  cpu::attention(s, q.data(), fp8.view(0), slots, got.data());
+  ref::attention(s, q.data(), fp8.view(0), slots, ref_got.data());
+  KvLayerView wrong = fp8.view(0);
+  wrong.v_rotated = false;
+  cpu::attention(s, q.data(), wrong, slots, unrotated.data());
+  double err = 0, err_unrotated = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], ref_got[i], 1e-3f + 1e-3f * std::fabs(ref_got[i])) << i;
+    err = std::max(err, double(std::fabs(got[i] - want[i])));
+    err_unrotated = std::max(err_unrotated, double(std::fabs(unrotated[i] - want[i])));
+  }
+  // E4M3 keeps 4 significant bits: K's rounding moves the weights, V's the values (the large ones
+  // are about 4, the output's elements about 1).
+  EXPECT_LT(err, 0.25) << "FP8 attention against F32";
+  EXPECT_GT(err_unrotated, 4 * err) << "the rotation must be undone";
 }
 
 // A token's bytes depend on that token's K and V only: written alone or among others, in any slot.

@@ -194,7 +194,10 @@ int64_t score_room_per_call() { return g_call_scores.load(std::memory_order_rela
 
 }  // namespace attn
 
-void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv) {
+namespace {
+
+// attention_batch but for V's rotation (KvLayerView::v_rotated).
+void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv) {
   using namespace attn;
   if (queries.empty()) return;
   check(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.d_head > 0, "attention: bad head shape");
@@ -319,6 +322,16 @@ void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> qu
       kernel.fn(a);
     });
   parallel_for(n_units, [&](int64_t u) { kernel.fn(unit_args(u, Mode::Sum)); });
+}
+
+}  // namespace
+
+void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv) {
+  attention_batch_stored(s, queries, kv);
+  if (!kv.v_rotated) return;
+  parallel_for(int64_t(queries.size()), [&](int64_t i) {
+    for (int h = 0; h < s.n_head; ++h) hadamard_rotate(queries[i].out + int64_t(h) * s.d_head, s.d_head);
+  });
 }
 
 // One query: a batch of one over `slots` as a block table of block size 1.

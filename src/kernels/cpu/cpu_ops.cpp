@@ -247,6 +247,17 @@ void KvLayerView::load(const uint8_t* pool, int32_t slot, int64_t offset, int64_
   for (int64_t i = 0; i < n; ++i) out[i] *= s;
 }
 
+void hadamard_rotate(float* x, int64_t n) {
+  for (int64_t len = 1; len < n; len <<= 1)
+    for (int64_t i = 0; i < n; i += 2 * len)
+      for (int64_t j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b, x[j + len] = a - b;
+      }
+  const float s = 1.0f / std::sqrt(float(n));
+  for (int64_t j = 0; j < n; ++j) x[j] *= s;
+}
+
 void get_row(const WeightMatrix& w, int64_t row, float* out) {
   dequantize_row(w.type, w.data + row * w.row_stride, out, w.cols);
 }

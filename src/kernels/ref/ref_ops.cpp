@@ -44,6 +44,7 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
       for (int d = 0; d < s.d_head; ++d) acc[d] += pj * v[d];
     }
     for (int d = 0; d < s.d_head; ++d) out[h * s.d_head + d] = float(acc[d]);
+    if (kv.v_rotated) hadamard_rotate(out + h * s.d_head, s.d_head);
   }
 }
 
