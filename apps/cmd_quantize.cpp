@@ -5,15 +5,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <thread>
 
 #include "apps/commands.h"
 #include "base/error.h"
-#include "base/file_util.h"
 #include "io/gguf.h"
-#include "model/session.h"
+#include "apps/gptq_calib.h"
 #include "quant/imatrix.h"
 #include "quant/quantize_model.h"
 
@@ -21,54 +21,21 @@ namespace serval::cli {
 namespace {
 
 struct QuantizeCliOptions {
-  std::string in, out, type, output_tensor_type, token_embedding_type, imatrix, calib_file;
-  int threads = 0, calib_ctx = 512, calib_chunks = 8;
+  std::string in, out, type, output_tensor_type, token_embedding_type, imatrix;
+  int threads = 0;
+  GptqCalibration calib;
   QuantizeOptions q;
 };
 
-// The calibration text's chunks of `ctx` tokens, each starting with BOS when the model adds one.
-std::vector<std::vector<int32_t>> calib_chunks(const QuantizeCliOptions& o, const Tokenizer& tok) {
-  const std::vector<int32_t> tokens = tok.encode(read_text_file(o.calib_file), /*add_special=*/true);
-  const int64_t n = std::min<int64_t>(int64_t(tokens.size()) / o.calib_ctx, o.calib_chunks);
-  check(n > 0, "{}: {} tokens is fewer than one chunk of {} (--calib-ctx)", o.calib_file, tokens.size(), o.calib_ctx);
-  std::vector<std::vector<int32_t>> r;
-  for (int64_t c = 0; c < n; ++c) {
-    r.emplace_back(tokens.begin() + c * o.calib_ctx, tokens.begin() + (c + 1) * o.calib_ctx);
-    if (tok.vocab().add_bos && tok.vocab().bos >= 0) r.back()[0] = tok.vocab().bos;
-  }
-  return r;
-}
-
-// Each weight matrix's input Hessian over the calibration text (not output.weight's: GPTQ leaves the
-// output and the embedding to the plain searches). q/k/v and gate/up see one input: one Hessian each.
-HessianSet collect_hessians(const QuantizeCliOptions& o) {
-  check(o.calib_ctx >= 16 && o.calib_chunks >= 1, "--calib-ctx must be at least 16 and --calib-chunks at least 1");
-  auto model = Model::load(o.in);
-  const auto chunks = calib_chunks(o, model->tokenizer());
-  HessianSet set;
-  std::shared_ptr<Hessian> last;
-  const float* last_x = nullptr;
-  model->set_matmul_observer([&](const std::string& name, const float* x, int64_t n_tok, int64_t cols) {
-    if (name == "output.weight") return;
-    const bool follower = name.ends_with("attn_k.weight") || name.ends_with("attn_v.weight") || name.ends_with("ffn_up.weight");
-    auto& h = set[name];
-    if (follower && x == last_x && last) {
-      h = last;
-      return;
+// The layers in the order quantize_file writes (and asks for the Hessians of) their weights.
+std::vector<int> layer_order(const std::vector<TensorChoice>& choices) {
+  std::vector<int> order;
+  for (const auto& c : choices)
+    if (c.name.starts_with("blk.")) {
+      const int layer = std::atoi(c.name.c_str() + 4);
+      if (std::find(order.begin(), order.end(), layer) == order.end()) order.push_back(layer);
     }
-    if (!h) h = std::make_shared<Hessian>(cols);
-    h->add(x, n_tok);
-    last = h, last_x = x;
-  });
-  SingleSequence seq(*model, o.calib_ctx);
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    seq.reset();
-    seq.eval(chunks[c], false, o.calib_ctx);
-    last_x = nullptr;
-    fmt::print(stderr, "serval quantize: gptq calibration chunk {}/{}\n", c + 1, chunks.size());
-  }
-  model->set_matmul_observer(nullptr);
-  return set;
+  return order;
 }
 
 // ^C or SIGTERM: the temporary output is removed and the process ends (no partial file is left).
@@ -107,13 +74,11 @@ void run_quantize(QuantizeCliOptions& o) {
     fmt::print(stderr, "serval quantize: imatrix {}: {} entries, {} chunks\n", o.imatrix, imatrix.entries.size(),
                imatrix.chunk_count);
   }
-  HessianSet hessians;
   if (o.q.method == "gptq") {
-    check(!o.calib_file.empty(), "--method gptq needs calibration text (--calib-file)");
+    check(!o.calib.text.empty(), "--method gptq needs calibration text (--calib-file)");
     check(o.q.gptq_damp >= 0 && std::isfinite(o.q.gptq_damp), "--gptq-damp must be a non-negative number");
-    choose_types(GgufFile(o.in), ft, o.q);  // refuse a bad input before the calibration run
-    hessians = collect_hessians(o);
-    o.q.hessians = &hessians;
+    o.calib.model = o.in;
+    o.q.hessians = gptq_hessians(o.calib, layer_order(choose_types(GgufFile(o.in), ft, o.q)));
   }
   watch_signals(o.out + ".tmp");
   const QuantizeReport r = quantize_file(o.in, o.out, ft, o.q, show_progress);
@@ -153,10 +118,12 @@ void add_quantize(CLI::App& app) {
   cmd->add_option("--method", o->q.method,
                   "rtn (default), awq (activation-aware channel scales; needs --imatrix) or gptq (Hessian error "
                   "compensation; needs --calib-file)");
-  cmd->add_option("--calib-file", o->calib_file, "--method gptq: text the input model runs over to measure each matrix's inputs")
+  cmd->add_option("--calib-file", o->calib.text, "--method gptq: text the input model runs over to measure each matrix's inputs")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--calib-ctx", o->calib_ctx, "--method gptq: tokens per calibration chunk (default 512)");
-  cmd->add_option("--calib-chunks", o->calib_chunks, "--method gptq: at most this many chunks (default 8)");
+  cmd->add_option("--calib-ctx", o->calib.ctx, "--method gptq: tokens per calibration chunk (default 512)");
+  cmd->add_option("--calib-chunks", o->calib.chunks, "--method gptq: at most this many chunks (default 8)");
+  cmd->add_option("--gptq-layers", o->calib.layers_per_pass,
+                  "--method gptq: layers measured per run over the text (default: as many as 4 GiB of Hessians hold)");
   cmd->add_option("--gptq-damp", o->q.gptq_damp, "--method gptq: diagonal damping, a fraction of the mean (default 0.01)");
   cmd->add_flag("--pure", o->q.pure, "every quantized tensor gets TYPE (no per-tensor choices)");
   cmd->add_option("--output-tensor-type", o->output_tensor_type, "type of output.weight");

@@ -7,6 +7,7 @@
 // of the block are then rounded one by one on the grid those scales fix.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,9 @@ struct Hessian {
 
 // By weight name; matrices that share their input (q/k/v, gate/up) share one Hessian.
 using HessianSet = std::map<std::string, std::shared_ptr<Hessian>>;
+// The Hessian of a weight by name, or null when there is none; asked for in the order the weights are
+// quantized (a source may measure them a few layers at a time).
+using HessianSource = std::function<std::shared_ptr<const Hessian>(const std::string& weight_name)>;
 
 // Whether gptq_quantize can write `type` (the integer block types: Q4_0 .. Q8_0, IQ4_NL, Q2_K .. Q6_K).
 bool gptq_supports(DType type);

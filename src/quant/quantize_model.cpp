@@ -308,13 +308,12 @@ std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, std::vector<fl
 }
 
 // The Hessian GPTQ rounds tensor `c` with, or null (another method, no entry, a type it cannot write).
-const Hessian* hessian_for(const QuantizeOptions& o, const TensorChoice& c, const TensorRef& t) {
-  if (o.method != "gptq" || o.hessians == nullptr || !gptq_supports(c.to)) return nullptr;
-  const auto it = o.hessians->find(c.name);
-  if (it == o.hessians->end()) return nullptr;
-  check(it->second->n == int64_t(t.row_len()), "{}: the calibration saw {} inputs, the matrix has {} columns", c.name,
-        it->second->n, t.row_len());
-  return it->second.get();
+std::shared_ptr<const Hessian> hessian_for(const QuantizeOptions& o, const TensorChoice& c, const TensorRef& t) {
+  if (o.method != "gptq" || !o.hessians || !gptq_supports(c.to)) return nullptr;
+  auto h = o.hessians(c.name);
+  check(!h || h->n == int64_t(t.row_len()), "{}: the calibration saw {} inputs, the matrix has {} columns", c.name,
+        h ? h->n : 0, t.row_len());
+  return h;
 }
 
 // A whole matrix rounded by GPTQ: its rows dequantized to float first.
@@ -333,7 +332,7 @@ std::vector<uint8_t> gptq_tensor(const TensorRef& t, DType to, const Hessian& h,
 AwqPlan plan_method(const GgufFile& in, std::vector<TensorChoice>& choices, const QuantizeOptions& o) {
   if (o.method == "rtn") return {};
   if (o.method == "gptq") {
-    check(o.hessians != nullptr, "--method gptq needs calibration text (--calib-file) to measure each matrix's inputs");
+    check(bool(o.hessians), "--method gptq needs calibration text (--calib-file) to measure each matrix's inputs");
     return {};
   }
   check(o.method == "awq", "unknown --method '{}' (rtn, awq, gptq)", o.method);
@@ -384,7 +383,7 @@ QuantizeReport quantize_file(const std::string& in_path, const std::string& out_
                                                                : std::vector<float>{};
       if (o.imatrix && is_quantized(c.to) && importance.empty()) ++rep.without_imatrix;
       const auto it = awq.rescale.find(c.name);
-      const Hessian* h = hessian_for(o, c, t);
+      const auto h = hessian_for(o, c, t);
       rep.gptq += h != nullptr;
       const auto bytes = h ? gptq_tensor(t, c.to, *h, o, importance)
                            : convert_tensor(t, c.to, importance, it == awq.rescale.end() ? nullptr : &it->second);

@@ -44,7 +44,7 @@ struct QuantizeOptions {
   std::string method = "rtn";
   // --method gptq: the calibration Hessians by weight name; quantized matrices without one (the output
   // and the embedding) are rounded as with rtn. `gptq_damp`: the Hessian's diagonal damping.
-  const HessianSet* hessians = nullptr;
+  HessianSource hessians;
   float gptq_damp = 0.01f;
 };
 

@@ -105,12 +105,24 @@ def test_gptq_rounds_every_layer_matrix_and_lowers_the_kl(files, tmp_path):
     assert kl_gptq < 0.8 * kl_plain, (kl_plain, kl_gptq)
 
 
+def test_gptq_measured_a_layer_at_a_time_gives_the_same_file(files, tmp_path):
+    """--gptq-layers 1: one run over the text per layer, holding one layer's Hessians at a time; the
+    forward passes are deterministic, so the sums and the bytes are the same as from one run."""
+    args = ["--method", "gptq", "--calib-file", TEXT, "--calib-ctx", 64, "--calib-chunks", 2, files["f16"]]
+    run("quantize", *args, tmp_path / "one.gguf", "Q4_K_S", timeout=300)
+    r = run("quantize", "--gptq-layers", 1, *args, tmp_path / "each.gguf", "Q4_K_S", timeout=300)
+    assert r.stderr.count("calibration of 1 layers (blk.0 ...): chunk 1/2") == 1, r.stderr
+    assert r.stderr.count("calibration of 1 layers (blk.1 ...): chunk 1/2") == 1, r.stderr
+    assert (tmp_path / "one.gguf").read_bytes() == (tmp_path / "each.gguf").read_bytes()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--method", "awq"], "needs --imatrix"),
     (["--method", "gptq", "--imatrix", "IM"], "needs calibration text (--calib-file)"),
     (["--method", "gptq", "--calib-file", "/nonexistent.txt"], "/nonexistent.txt"),
     (["--method", "gptq", "--calib-file", "TEXT", "--calib-ctx", "100000"], "fewer than one chunk"),
     (["--method", "gptq", "--calib-file", "TEXT", "--gptq-damp", "-1"], "--gptq-damp"),
+    (["--method", "gptq", "--calib-file", "TEXT", "--gptq-layers", "-1"], "--gptq-layers"),
     (["--method", "fancy", "--imatrix", "IM"], "unknown --method"),
     (["--imatrix", "/nonexistent.dat"], "cannot open imatrix file"),
 ])
