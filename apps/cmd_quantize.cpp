@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/gptq_calib.h"
 #include "base/error.h"
 #include "io/gguf.h"
-#include "apps/gptq_calib.h"
 #include "quant/imatrix.h"
 #include "quant/quantize_model.h"
 
