@@ -94,16 +94,8 @@ struct Perplexity {
 
 // The chunks of the text's tokens, each starting with BOS when the model adds one.
 std::vector<std::vector<int32_t>> chunks_of(const ImatrixOptions& o, const Tokenizer& tok) {
-  const std::vector<int32_t> tokens = tok.encode(read_text_file(o.file), /*add_special=*/true);
-  int64_t n = int64_t(tokens.size()) / o.ctx;
-  if (o.max_chunks >= 0) n = std::min<int64_t>(n, o.max_chunks);
-  check(n > 0, "{}: {} tokens is fewer than one chunk of {} (-c)", o.file, tokens.size(), o.ctx);
-  std::vector<std::vector<int32_t>> r;
-  for (int64_t c = 0; c < n; ++c) {
-    r.emplace_back(tokens.begin() + c * o.ctx, tokens.begin() + (c + 1) * o.ctx);
-    if (tok.vocab().add_bos && tok.vocab().bos >= 0) r.back()[0] = tok.vocab().bos;
-  }
-  fmt::print(stderr, "imatrix: {} tokens, {} chunks of {}, batch {}\n", tokens.size(), n, o.ctx, o.batch);
+  auto r = text_chunks(tok, o.file, o.ctx, o.max_chunks, "-c");
+  fmt::print(stderr, "imatrix: {} chunks of {}, batch {}\n", r.size(), o.ctx, o.batch);
   return r;
 }
 

@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -26,17 +25,6 @@ struct QuantizeCliOptions {
   GptqCalibration calib;
   QuantizeOptions q;
 };
-
-// The layers in the order quantize_file writes (and asks for the Hessians of) their weights.
-std::vector<int> layer_order(const std::vector<TensorChoice>& choices) {
-  std::vector<int> order;
-  for (const auto& c : choices)
-    if (c.name.starts_with("blk.")) {
-      const int layer = std::atoi(c.name.c_str() + 4);
-      if (std::find(order.begin(), order.end(), layer) == order.end()) order.push_back(layer);
-    }
-  return order;
-}
 
 // ^C or SIGTERM: the temporary output is removed and the process ends (no partial file is left).
 void watch_signals(const std::string& tmp_path) {
@@ -78,7 +66,7 @@ void run_quantize(QuantizeCliOptions& o) {
     check(!o.calib.text.empty(), "--method gptq needs calibration text (--calib-file)");
     check(o.q.gptq_damp >= 0 && std::isfinite(o.q.gptq_damp), "--gptq-damp must be a non-negative number");
     o.calib.model = o.in;
-    o.q.hessians = gptq_hessians(o.calib, layer_order(choose_types(GgufFile(o.in), ft, o.q)));
+    o.q.hessians = gptq_hessians(o.calib, choose_types(GgufFile(o.in), ft, o.q));
   }
   watch_signals(o.out + ".tmp");
   const QuantizeReport r = quantize_file(o.in, o.out, ft, o.q, show_progress);

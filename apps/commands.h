@@ -1,9 +1,15 @@
 // Subcommands of the `serval` CLI.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "io/ggml_types.h"
+
+namespace serval {
+class Tokenizer;
+}
 
 namespace serval::cli {
 
@@ -29,6 +35,11 @@ void add_convert(CLI::App& app);
 std::string resolve_model_path(const std::string& name_or_path);
 // Directory of the model cache (SERVAL_MODEL_CACHE overrides ~/.cache/serval/models).
 std::string model_cache_dir();
+// The tokens of text file `path` cut into chunks of `ctx` (at most `max_chunks`; negative: all), each
+// starting with BOS when the tokenizer adds one (llama.cpp's imatrix and perplexity convention); throws
+// Error when the text is shorter than one chunk (`what` names the option that sets ctx).
+std::vector<std::vector<int32_t>> text_chunks(const Tokenizer& tok, const std::string& path, int64_t ctx,
+                                              int64_t max_chunks, const char* what);
 // A --cache-type / --kv-cache-dtype value (f32, f16, bf16, q8_0, fp8_e4m3 or fp8) to a KV cache type;
 // throws Error otherwise.
 DType parse_cache_type(const std::string& name);

@@ -3,10 +3,11 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "base/error.h"
-#include "base/file_util.h"
+#include "apps/commands.h"
 #include "model/session.h"
 
 namespace serval::cli {
@@ -26,7 +27,7 @@ class WindowedHessians {
     check(c.ctx >= 16 && c.chunks >= 1, "--calib-ctx must be at least 16 and --calib-chunks at least 1");
     check(c.layers_per_pass >= 0, "--gptq-layers must not be negative");
     model_ = Model::load(c.model);
-    chunks_ = calib_chunks();
+    chunks_ = text_chunks(model_->tokenizer(), c.text, c.ctx, c.chunks, "--calib-ctx");
     per_pass_ = c.layers_per_pass > 0 ? size_t(c.layers_per_pass) : size_t(std::max(1.0, kWindowBytes / layer_bytes()));
   }
 
@@ -39,19 +40,6 @@ class WindowedHessians {
   }
 
  private:
-  std::vector<std::vector<int32_t>> calib_chunks() const {
-    const Tokenizer& tok = model_->tokenizer();
-    const std::vector<int32_t> tokens = tok.encode(read_text_file(c_.text), /*add_special=*/true);
-    const int64_t n = std::min<int64_t>(int64_t(tokens.size()) / c_.ctx, c_.chunks);
-    check(n > 0, "{}: {} tokens is fewer than one chunk of {} (--calib-ctx)", c_.text, tokens.size(), c_.ctx);
-    std::vector<std::vector<int32_t>> r;
-    for (int64_t i = 0; i < n; ++i) {
-      r.emplace_back(tokens.begin() + i * c_.ctx, tokens.begin() + (i + 1) * c_.ctx);
-      if (tok.vocab().add_bos && tok.vocab().bos >= 0) r.back()[0] = tok.vocab().bos;
-    }
-    return r;
-  }
-
   // The most a layer's Hessians take: one per distinct input (q/k/v, output, gate/up, down), floats.
   double layer_bytes() const {
     double most = 1;
@@ -102,8 +90,12 @@ class WindowedHessians {
 
 }  // namespace
 
-HessianSource gptq_hessians(const GptqCalibration& c, const std::vector<int>& layer_order) {
-  auto w = std::make_shared<WindowedHessians>(c, layer_order);
+HessianSource gptq_hessians(const GptqCalibration& c, const std::vector<TensorChoice>& choices) {
+  std::vector<int> order;  // the layers in the order quantize_file writes (and asks for) their weights
+  for (const auto& t : choices)
+    if (const int layer = layer_of(t.name); layer >= 0 && std::find(order.begin(), order.end(), layer) == order.end())
+      order.push_back(layer);
+  auto w = std::make_shared<WindowedHessians>(c, std::move(order));
   return [w](const std::string& name) { return w->get(name); };
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "quant/gptq.h"
+#include "quant/quantize_model.h"
 
 namespace serval::cli {
 
@@ -16,10 +17,9 @@ struct GptqCalibration {
   int layers_per_pass = 0;    // layers measured per run over the text (0: as many as 4 GiB of Hessians hold)
 };
 
-// A HessianSource for quantize_file. `layer_order`: the layers in the order their weights will be
-// asked for; the first request for a layer outside the current window measures the window of
+// A HessianSource for quantize_file writing `choices` (choose_types): the first request for a layer outside the current window measures the window of
 // layers_per_pass layers starting there (one more run over the text) and drops the previous one.
 // Throws Error for a text shorter than one chunk.
-HessianSource gptq_hessians(const GptqCalibration& c, const std::vector<int>& layer_order);
+HessianSource gptq_hessians(const GptqCalibration& c, const std::vector<TensorChoice>& choices);
 
 }  // namespace serval::cli

@@ -1,4 +1,5 @@
 // `serval`: the command-line entry point. Every error is reported as one clear line, exit code 1.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -6,6 +7,8 @@
 #include "apps/commands.h"
 #include "base/cpu.h"
 #include "base/error.h"
+#include "base/file_util.h"
+#include "tokenizer/tokenizer.h"
 #include "dist/runtime.h"
 #include "engine/capacity.h"
 
@@ -15,6 +18,20 @@ std::string model_cache_dir() {
   if (const char* env = std::getenv("SERVAL_MODEL_CACHE"); env && *env) return env;
   const char* home = std::getenv("HOME");
   return std::string(home ? home : ".") + "/.cache/serval/models";
+}
+
+std::vector<std::vector<int32_t>> text_chunks(const Tokenizer& tok, const std::string& path, int64_t ctx,
+                                              int64_t max_chunks, const char* what) {
+  const std::vector<int32_t> tokens = tok.encode(read_text_file(path), /*add_special=*/true);
+  int64_t n = int64_t(tokens.size()) / ctx;
+  if (max_chunks >= 0) n = std::min(n, max_chunks);
+  check(n > 0, "{}: {} tokens is fewer than one chunk of {} ({})", path, tokens.size(), ctx, what);
+  std::vector<std::vector<int32_t>> r;
+  for (int64_t c = 0; c < n; ++c) {
+    r.emplace_back(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx);
+    if (tok.vocab().add_bos && tok.vocab().bos >= 0) r.back()[0] = tok.vocab().bos;
+  }
+  return r;
 }
 
 std::string resolve_model_path(const std::string& name) {
