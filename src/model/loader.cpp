@@ -85,9 +85,7 @@ class SafetensorsModel : public Model {
   SafetensorsFile file_;
 };
 
-}  // namespace
-
-std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
+std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& options) {
   const fs::path p(path);
   check(fs::exists(p), "{}: no such file or directory", path);
   if (fs::is_directory(p)) {
@@ -97,6 +95,14 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   }
   if (p.extension() == ".safetensors") return std::make_unique<SafetensorsModel>(p.parent_path(), p, options);
   return std::make_unique<GgufModel>(path, options);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
+  std::unique_ptr<Model> m = open_model(path, options);
+  m->k_centres_ = m->compute_k_centres();
+  return m;
 }
 
 }  // namespace serval

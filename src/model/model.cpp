@@ -154,6 +154,43 @@ void Model::apply_rope(float* vec, int64_t n_heads, const float* cs, const float
   }
 }
 
+std::vector<std::vector<float>> Model::compute_k_centres() const {
+  const auto& c = config_;
+  std::vector<std::vector<float>> centres(weights_.layers.size());
+  if (c.qk_norm || c.d_head < 2) return centres;  // the norm comes after the bias: no fixed centre
+  const int64_t d = c.d_head, half = d / 2;
+  const bool neox = c.rope_style == RopeStyle::Neox;
+  const double n = double(c.n_ctx_train > 0 ? c.n_ctx_train : 4096);
+  for (size_t il = 0; il < centres.size(); ++il) {
+    const std::vector<float>& bk = weights_.layers[il].bk;
+    if (bk.empty()) continue;
+    const bool swa = c.layer_is_swa[il];
+    std::vector<float> centre(bk.size());
+    for (int64_t i = 0; i < half; ++i) {
+      // Angle per position step, as rope_table; the mean of e^{i theta p} over p < n in closed form.
+      double theta = std::pow(swa ? c.rope_base_swa : c.rope_base, -2.0 * double(i) / double(d)) /
+                     (swa ? 1.0 : c.rope_linear_scale);
+      if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+      const double s = std::sin(theta / 2);
+      const double amp = std::abs(s) < 1e-12 ? 1.0 : std::sin(n * theta / 2) / (n * s);
+      const double mc = amp * std::cos(theta * (n - 1) / 2), ms = amp * std::sin(theta * (n - 1) / 2);
+      for (size_t h = 0; h < bk.size() / size_t(d); ++h) {
+        const size_t a = h * d + (neox ? i : 2 * i), b = h * d + (neox ? i + half : 2 * i + 1);
+        centre[a] = float(bk[a] * mc - bk[b] * ms);
+        centre[b] = float(bk[a] * ms + bk[b] * mc);
+      }
+    }
+    centres[il] = std::move(centre);
+  }
+  return centres;
+}
+
+const float* Model::k_centre(int64_t il, const KvCache& kv) const {
+  if (size_t(il) >= k_centres_.size() || k_centres_[il].empty() || k_centring_ == KCentring::Never) return nullptr;
+  const bool quantized = kv.type() == DType::Q8_0 || kv.type() == DType::F8_E4M3;
+  return k_centring_ == KCentring::Always || quantized ? k_centres_[il].data() : nullptr;
+}
+
 void Model::observe(int64_t il, std::initializer_list<const char*> kinds, const float* x, int64_t n_tok,
                     int64_t cols) const {
   if (!observer_) return;
@@ -179,6 +216,7 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   add_bias(k.data(), L.bk, n_tok);
   add_bias(v.data(), L.bv, n_tok);
   const RopeTable& rope = ropes[swa ? 1 : 0];
+  const float* centre = k_centre(il, kv);
   parallel_for(n_tok, [&](int64_t t) {
     float* qt = q.data() + t * q_dim;
     float* kt = k.data() + t * kv_dim;
@@ -188,6 +226,8 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
     }
     apply_rope(qt, n_head, rope.cs.data() + t * half, rope.sn.data() + t * half);
     apply_rope(kt, n_head_kv, rope.cs.data() + t * half, rope.sn.data() + t * half);
+    if (centre)
+      for (int64_t i = 0; i < kv_dim; ++i) kt[i] -= centre[i];
     kv.write(il, batch.slots[group][t], kt, v.data() + t * kv_dim);
   });
   std::vector<float> attn(n_tok * q_dim);

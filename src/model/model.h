@@ -19,7 +19,8 @@ namespace serval {
 // F8_E4M3). Each KV group (see ModelConfig::kv_group) has its own slot space; a sequence maps
 // positions to slots. A token's K and V are quantized alone (Q8_0: blocks of 32 values of one head;
 // F8_E4M3: a fixed scale per layer and KV head, 1 unless set, and V rotated per head, see
-// KvLayerView::v_rotated): the bytes never depend on the batch.
+// KvLayerView::v_rotated): the bytes never depend on the batch. For these two types the model stores
+// keys minus a fixed centre per layer (Model::KCentring).
 class KvCache {
  public:
   // `n_slots[g]` slots for group g.
@@ -159,6 +160,16 @@ class Model {
   // Calls `observer` with the input of every weight matrix product of later forward passes (empty:
   // none; the default, costing one test per product). Not to be changed while a forward runs.
   void set_matmul_observer(MatmulObserver observer) { observer_ = std::move(observer); }
+  // Keys are centred before a quantized (q8_0, fp8_e4m3) cache stores them: a fixed vector per layer,
+  // the rotary mean of the layer's K bias (k_centres()), is subtracted from every key. A query's scores
+  // then all move by the same amount (q . centre), which softmax cancels, so attention is unchanged in
+  // exact arithmetic; what changes is that the cache no longer spends its range on Qwen's K-bias
+  // outliers (|b| up to 354). Always/Never are for tests and measurements.
+  enum class KCentring { QuantizedCaches, Always, Never };
+  void set_k_centring(KCentring mode) { k_centring_ = mode; }
+  // Per layer, this rank's kv_dim centre (empty where the layer has no K bias or uses QK-norm): the
+  // layer's K bias rotated by RoPE and averaged over positions 0 .. n_ctx_train - 1.
+  const std::vector<std::vector<float>>& k_centres() const { return k_centres_; }
 
  protected:
   Model() = default;
@@ -170,6 +181,12 @@ class Model {
   MatmulObserver observer_;
 
  private:
+  std::vector<std::vector<float>> compute_k_centres() const;
+  // The centre subtracted from layer il's keys before `kv` stores them, or null.
+  const float* k_centre(int64_t il, const KvCache& kv) const;
+  std::vector<std::vector<float>> k_centres_;
+  KCentring k_centring_ = KCentring::QuantizedCaches;
+
   // Reports x[n_tok][cols] to the observer, if any, as the input of "blk.{il}.{kind}.weight" for each
   // kind (il < 0: the un-numbered "{kind}.weight").
   void observe(int64_t il, std::initializer_list<const char*> kinds, const float* x, int64_t n_tok, int64_t cols) const;

@@ -193,6 +193,44 @@ TEST(KvCacheTypes, Fp8AttentionUndoesTheVRotation) {
   EXPECT_GT(err_unrotated, 4 * err) << "the rotation must be undone";
 }
 
+// Model::KCentring subtracts one fixed vector from every key a quantized cache stores: each query's
+// scores all move by the same amount, which softmax ignores. Checked on the kernel and the reference
+// with Qwen-like outliers (keys and queries with a bias of 100-150 on two channels of each head, scores
+// in the hundreds): the shifted cache gives the same output to F32 rounding.
+TEST(KvCacheTypes, ShiftedKeysLeaveAttentionUnchanged) {
+  const int64_t d = 64, n_pos = 40;
+  const ModelConfig c = toy_config(2, d);
+  KvCache plain(c, n_pos, DType::F32), shifted(c, n_pos, DType::F32);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> centre(2 * d), k(2 * d), ks(2 * d), v(2 * d);
+  for (auto& x : centre) x = nd(rng);
+  centre[31] = 135, centre[63] = 72.5, centre[64 + 62] = 91.5, centre[64 + 63] = -158;
+  for (int32_t p = 0; p < n_pos; ++p) {
+    for (size_t i = 0; i < k.size(); ++i) k[i] = centre[i] + 2 * nd(rng), ks[i] = k[i] - centre[i];
+    for (auto& x : v) x = nd(rng);
+    plain.write(0, p, k.data(), v.data());
+    shifted.write(0, p, ks.data(), v.data());
+  }
+  auto q = test::random_floats(size_t(4 * d), 11);
+  for (int64_t h = 0; h < 4; ++h) q[size_t(h * d + 31)] += 40, q[size_t(h * d + 63)] -= 30;
+  std::vector<int32_t> slots(n_pos);
+  for (int32_t p = 0; p < n_pos; ++p) slots[size_t(p)] = p;
+  const AttentionShape s{4, 2, int(d), 1.0f / 8};
+  std::vector<float> want(4 * d), got(4 * d), ref_want(4 * d), ref_got(4 * d);
+  cpu::attention(s, q.data(), plain.view(0), slots, want.data());
+  cpu::attention(s, q.data(), shifted.view(0), slots, got.data());
+  ref::attention(s, q.data(), plain.view(0), slots, ref_want.data());
+  ref::attention(s, q.data(), shifted.view(0), slots, ref_got.data());
+  double spread = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 2e-4f) << i;
+    EXPECT_NEAR(ref_got[i], ref_want[i], 2e-4f) << i;
+    spread = std::max(spread, double(std::fabs(want[i] - v[i])));
+  }
+  EXPECT_GT(spread, 0.1) << "the weights must not be one-hot (else any shift would pass)";
+}
+
 // A token's bytes depend on that token's K and V only: written alone or among others, in any slot.
 TEST(KvCacheTypes, TokensAreQuantizedAlone) {
   const ModelConfig c = toy_config(2, 64);

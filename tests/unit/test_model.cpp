@@ -148,5 +148,66 @@ TEST(Model, ForwardRejectsBadBatches) {
   EXPECT_THROW(seq.eval(std::vector<int32_t>{1, 2, 3, 4}), Error);  // longer than the context
 }
 
+
+// Mean absolute difference of two logit arrays.
+double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::abs(double(a[i]) - b[i]);
+  return sum / double(a.size());
+}
+
+// Qwen's K bias holds outliers (|b| up to 158 on the 0.5B) that a quantized cache spent its range on;
+// keys are centred on the bias's rotary mean before a q8_0 or FP8 cache stores them
+// (Model::KCentring). The centre is checked against the mean of the rotated bias summed position by
+// position; the centring against F32's logits: it brings q8_0's and FP8's closer. (Softmax's
+// indifference to the shift is checked on the kernel, KvCacheTypes.ShiftedKeysLeaveAttentionUnchanged:
+// on the model any change of K, however small, moves the logits by about 0.06 on average, because the
+// matrix products quantize their inputs to int8 and some roundings flip.)
+TEST(RealModelKv, KeyCentringHelpsQuantizedCaches) {
+  const std::string path = test::cached_model("qwen2.5-coder-0.5b-instruct");
+  ASSERT_FALSE(path.empty()) << "run scripts/setup";
+  auto m = Model::load(path);
+  const ModelConfig& c = m->config();
+  const int64_t d = c.d_head, half = d / 2;
+  ASSERT_EQ(c.rope_style, RopeStyle::Neox);
+  ASSERT_GT(c.n_ctx_train, 0);
+  for (int64_t il : {0, 1, 13}) {
+    const auto& bias = m->weights().layers[size_t(il)].bk;
+    const auto& centre = m->k_centres().at(size_t(il));
+    ASSERT_EQ(centre.size(), bias.size());
+    for (int64_t i : {int64_t(0), half / 2, half - 1}) {
+      const double theta = std::pow(double(c.rope_base), -2.0 * double(i) / double(d));
+      double mc = 0, ms = 0;
+      for (int64_t p = 0; p < c.n_ctx_train; ++p) mc += std::cos(theta * double(p)), ms += std::sin(theta * double(p));
+      mc /= double(c.n_ctx_train), ms /= double(c.n_ctx_train);
+      for (size_t h = 0; h < bias.size() / size_t(d); ++h) {
+        const size_t a = h * d + size_t(i), b = a + size_t(half);
+        const double tol = 1e-4 * (std::abs(bias[a]) + std::abs(bias[b])) + 1e-5;
+        EXPECT_NEAR(centre[a], bias[a] * mc - bias[b] * ms, tol) << il << " " << i << " " << h;
+        EXPECT_NEAR(centre[b], bias[a] * ms + bias[b] * mc, tol) << il << " " << i << " " << h;
+      }
+    }
+  }
+  auto tokens = m->tokenizer().encode(test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/tinystory.txt"), true);
+  ASSERT_GE(tokens.size(), 400u);
+  tokens.resize(400);
+  auto logits = [&](Model::KCentring mode, DType type) {
+    m->set_k_centring(mode);
+    return all_logits(*m, tokens, 512, type);
+  };
+  const auto f32 = logits(Model::KCentring::Never, DType::F32);
+  for (DType type : {DType::Q8_0, DType::F8_E4M3}) {
+    const double plain = mean_abs_diff(f32, logits(Model::KCentring::Never, type));
+    const double centred = mean_abs_diff(f32, logits(Model::KCentring::QuantizedCaches, type));
+    const std::string name = type == DType::Q8_0 ? "q8_0" : "fp8_e4m3";
+    RecordProperty(name + "_not_centred", std::to_string(plain));
+    RecordProperty(name + "_centred", std::to_string(centred));
+    std::printf("%s: mean |logit - F32's| %.4f not centred, %.4f centred\n", name.c_str(), plain, centred);
+    EXPECT_LT(centred, 0.8 * plain) << name;
+  }
+  const auto f16 = logits(Model::KCentring::QuantizedCaches, DType::F16);
+  EXPECT_EQ(f16, logits(Model::KCentring::Never, DType::F16)) << "an F16 cache stores keys as they are";
+}
+
 }  // namespace
 }  // namespace serval
