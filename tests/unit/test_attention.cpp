@@ -272,6 +272,41 @@ TEST_P(AttentionLevel, BitwiseEqualToPortableLevel) {
   }
 }
 
+// Each level converts FP8 rows with its own vectors (the F16 trick, attention_avx2/512.cpp): every one
+// of the 256 codes, at every row length up to 40 (the tails) and two head scales, gives the table's
+// value times the scale bit for bit, NaN codes NaN.
+TEST_P(AttentionLevel, Fp8RowsEqualTheTable) {
+  using Fn = void (*)(const uint8_t*, float*, int, float);
+  const Fn fn = GetParam() == Isa::Scalar ? Fn(cpu::attn::fp8_row_scalar)
+                : GetParam() == Isa::Avx2 ? Fn(cpu::attn::fp8_row_avx2)
+                                          : Fn(cpu::attn::fp8_row_avx512);
+  const float* table = fp8_e4m3_table();
+  std::vector<uint8_t> codes(256 + 40);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i * 37 + 11);  // every code, shuffled
+  std::vector<float> out(codes.size() + 1);
+  int nan_codes = 0;
+  for (float scale : {1.0f, 0.375f})
+    for (int start : {0, 1, 7})
+      for (int n : {1, 7, 8, 15, 16, 17, 31, 40, 256}) {
+        out.assign(out.size(), -7.0f);
+        fn(codes.data() + start, out.data(), n, scale);
+        for (int i = 0; i < n; ++i) {
+          const uint8_t c = codes[size_t(start + i)];
+          const float want = table[c] * scale;
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(out[size_t(i)])) << int(c);
+            nan_codes += n == 256 && start == 0 && scale == 1.0f;
+          } else {
+            uint32_t a, b;
+            std::memcpy(&a, &out[size_t(i)], 4), std::memcpy(&b, &want, 4);
+            EXPECT_EQ(a, b) << "code " << int(c) << " scale " << scale << " n " << n;
+          }
+        }
+        EXPECT_EQ(out[size_t(n)], -7.0f) << "wrote past the row";
+      }
+  EXPECT_EQ(nan_codes, 2);  // 0x7F and 0xFF
+}
+
 // Several sequences in one pool: a long one (chunks 0..2) with a prefill chunk of 10, a decode, a
 // windowed prefill chunk whose early blocks are -1, and a fresh prefill from position 0.
 struct Scene {

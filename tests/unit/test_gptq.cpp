@@ -5,6 +5,7 @@
 // type's search with the same importances).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -173,6 +174,27 @@ TEST(Gptq, CorrelatedInputsLowerTheOutputError) {
     const double e_rtn = gptq_output_error(t, w.data(), rtn.data(), rows, cols, h);
     const double e_gptq = gptq_output_error(t, w.data(), gptq.data(), rows, cols, h);
     EXPECT_LT(e_gptq, 0.8 * e_rtn) << dtype_info(t).name << ": GPTQ " << e_gptq << ", RTN " << e_rtn;
+  }
+}
+
+// A row of zeros has nothing to round and no error to spread: it comes back as zeros in every type,
+// and the rows beside it are unchanged by it (each row is rounded on its own).
+TEST(Gptq, ZeroRowsStayZero) {
+  const int64_t rows = 3, cols = 512, n = 1024;
+  const auto x = correlated_inputs(n, cols, 6);
+  Hessian h(cols);
+  h.add(x.data(), n);
+  const auto w = gaussian(size_t(rows * cols), 12, 0.05f);
+  auto w0 = w;
+  std::fill(w0.begin() + cols, w0.begin() + 2 * cols, 0.0f);  // row 1
+  for (DType t : kTypes) {
+    const size_t rb = row_bytes(t, size_t(cols));
+    const auto q = gptq_quantize(t, w.data(), rows, cols, h), q0 = gptq_quantize(t, w0.data(), rows, cols, h);
+    std::vector<float> y(static_cast<size_t>(cols));
+    dequantize_row(t, q0.data() + rb, y.data(), size_t(cols));
+    for (float v : y) ASSERT_EQ(v, 0.0f) << dtype_info(t).name;
+    EXPECT_TRUE(std::equal(q.begin(), q.begin() + long(rb), q0.begin())) << dtype_info(t).name;
+    EXPECT_TRUE(std::equal(q.begin() + long(2 * rb), q.end(), q0.begin() + long(2 * rb))) << dtype_info(t).name;
   }
 }
 

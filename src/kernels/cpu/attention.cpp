@@ -108,11 +108,16 @@ struct VScalar {
   static void cvt_f16_row(const uint16_t* src, float* dst, int n) {
     for (int i = 0; i < n; ++i) dst[i] = fp16_to_f32(src[i]);
   }
+  static void cvt_fp8_row(const uint8_t* src, float* dst, int n, float scale) {
+    const float* t = fp8_e4m3_table();
+    for (int i = 0; i < n; ++i) dst[i] = t[src[i]] * scale;
+  }
 };
 
 }  // namespace
 
 void tile_scalar(const TileArgs& a) { run_tile<VScalar>(a); }
+void fp8_row_scalar(const uint8_t* src, float* dst, int n, float scale) { VScalar::cvt_fp8_row(src, dst, n, scale); }
 
 namespace {
 
@@ -150,20 +155,15 @@ float* thread_buffer(int slot, int64_t n) {
 std::atomic<int64_t> g_task_scores{int64_t(1) << 20}, g_call_scores{int64_t(1) << 22};
 
 // Rows of the types the kernels do not convert themselves, dequantized as KvLayerView::load does (the
-// reference's values): the same functions, FP8 times its head's scale.
+// reference's values): the same functions.
 void dequant_bf16(const uint8_t* src, float* dst, int n, float) { dequantize_row(DType::BF16, src, dst, size_t(n)); }
 void dequant_q8_0(const uint8_t* src, float* dst, int n, float) { dequantize_row(DType::Q8_0, src, dst, size_t(n)); }
-void dequant_fp8(const uint8_t* src, float* dst, int n, float scale) {
-  const float* t = fp8_e4m3_table();
-  for (int i = 0; i < n; ++i) dst[i] = t[src[i]] * scale;
-}
 
 using DequantFn = void (*)(const uint8_t*, float*, int, float);
 DequantFn dequant_fn(DType type) {
   switch (type) {
     case DType::BF16: return dequant_bf16;
     case DType::Q8_0: return dequant_q8_0;
-    case DType::F8_E4M3: return dequant_fp8;
     default: return nullptr;
   }
 }
@@ -205,7 +205,10 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
             kv.type == DType::F8_E4M3,
         "attention: the KV cache must be F32, F16, BF16, Q8_0 or F8_E4M3");
   check(kv.type != DType::Q8_0 || s.d_head % 32 == 0, "attention: a Q8_0 cache needs d_head a multiple of 32");
-  const KvKind kind = kv.type == DType::F32 ? KvKind::F32 : kv.type == DType::F16 ? KvKind::F16 : KvKind::Dequant;
+  const KvKind kind = kv.type == DType::F32       ? KvKind::F32
+                      : kv.type == DType::F16     ? KvKind::F16
+                      : kv.type == DType::F8_E4M3 ? KvKind::Fp8
+                                                  : KvKind::Dequant;
   const int64_t slot_bytes = int64_t(row_bytes(kv.type, size_t(kv.kv_dim)));
   const int64_t head_bytes = int64_t(row_bytes(kv.type, size_t(s.d_head)));
   const int group = s.n_head / s.n_head_kv;

@@ -6,6 +6,7 @@
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
+#include "tensor/dequant.h"
 
 #include "kernels/cpu/attention_tile_impl.h"
 
@@ -45,11 +46,28 @@ struct V256 {
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
     for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
   }
+  // E4M3's bits (s eeee mmm) placed as an F16's (s 0eeee mmm0000000) are the value times 2^-8, normal
+  // and subnormal alike; NaN codes (eeee mmm all ones) get an F16 NaN.
+  static void cvt_fp8_row(const uint8_t* src, float* dst, int n, float scale) {
+    const __m256 mul = _mm256_set1_ps(256.0f * scale);
+    const __m128i sign = _mm_set1_epi16(0x80), mag_mask = _mm_set1_epi16(0x7F), nan = _mm_set1_epi16(0x7E00);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+      const __m128i mag = _mm_and_si128(b, mag_mask);
+      __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, sign), 8), _mm_slli_epi16(mag, 7));
+      h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, mag_mask), nan));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(h), mul));
+    }
+    const float* t = fp8_e4m3_table();
+    for (; i < n; ++i) dst[i] = t[src[i]] * scale;
+  }
 };
 
 }  // namespace
 
 void tile_avx2(const TileArgs& a) { run_tile<V256>(a); }
+void fp8_row_avx2(const uint8_t* src, float* dst, int n, float scale) { V256::cvt_fp8_row(src, dst, n, scale); }
 
 }  // namespace serval::cpu::attn
 
@@ -57,5 +75,6 @@ void tile_avx2(const TileArgs& a) { run_tile<V256>(a); }
 #include <cstdlib>
 namespace serval::cpu::attn {
 void tile_avx2(const TileArgs&) { std::abort(); }  // not built for this target; never dispatched
+void fp8_row_avx2(const uint8_t*, float*, int, float) { std::abort(); }
 }  // namespace serval::cpu::attn
 #endif

@@ -51,12 +51,33 @@ struct V512 {
       const __mmask16 m = __mmask16((1u << (n - i)) - 1);
       _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
     }
+  }  // E4M3's bits (s eeee mmm) placed as an F16's (s 0eeee mmm0000000) are the value times 2^-8, normal
+  // and subnormal alike; NaN codes (eeee mmm all ones) get an F16 NaN.
+  static __m512 fp8_times(__m128i codes, __m512 mul) {
+    const __m256i b = _mm256_cvtepu8_epi16(codes);
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                _mm256_slli_epi16(mag, 7));
+    h = _mm256_or_si256(h, _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7E00)));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), mul);
   }
+  static void cvt_fp8_row(const uint8_t* src, float* dst, int n, float scale) {
+    const __m512 mul = _mm512_set1_ps(256.0f * scale);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(dst + i, fp8_times(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)), mul));
+    if (i < n) {
+      const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps(dst + i, m, fp8_times(_mm_maskz_loadu_epi8(m, src + i), mul));
+    }
+  }
+
 };
 
 }  // namespace
 
 void tile_avx512(const TileArgs& a) { run_tile<V512>(a); }
+void fp8_row_avx512(const uint8_t* src, float* dst, int n, float scale) { V512::cvt_fp8_row(src, dst, n, scale); }
 
 }  // namespace serval::cpu::attn
 
@@ -64,5 +85,6 @@ void tile_avx512(const TileArgs& a) { run_tile<V512>(a); }
 #include <cstdlib>
 namespace serval::cpu::attn {
 void tile_avx512(const TileArgs&) { std::abort(); }  // not built for this target; never dispatched
+void fp8_row_avx512(const uint8_t*, float*, int, float) { std::abort(); }
 }  // namespace serval::cpu::attn
 #endif

@@ -28,7 +28,7 @@ enum class Mode {
   Sum,     // the outputs: the sums of chunks [c_begin, c_end) from `partial`, in order
 };
 
-enum class KvKind { F32, F16, Dequant };
+enum class KvKind { F32, F16, Fp8, Dequant };
 
 struct TileArgs {
   // Shape.
@@ -38,9 +38,9 @@ struct TileArgs {
   float scale = 1.0f;
   bool half = false;  // F16 rounding points (the query, the normalised weights): every cache but F32
   int kv_head = 0;
-  // The cache's rows: F32 is read in place, F16 converted in registers; any other type (BF16, Q8_0,
-  // F8_E4M3) is dequantized row by row into the tile's scratch by `dequant` (out-of-line, portable:
-  // the values the reference reads), FP8 times `head_scale`.
+  // The cache's rows: F32 is read in place; F16 and F8_E4M3 (times `head_scale`) converted by the
+  // level's vectors into the tile's scratch; any other type (BF16, Q8_0) is dequantized row by row
+  // into it by `dequant` (out-of-line, portable: the values the reference reads).
   KvKind kind = KvKind::F32;
   void (*dequant)(const uint8_t* src, float* dst, int n, float scale) = nullptr;
   float head_scale = 1.0f;
@@ -99,5 +99,11 @@ int64_t score_room_per_call();
 void tile_scalar(const TileArgs& a);
 void tile_avx2(const TileArgs& a);
 void tile_avx512(const TileArgs& a);
+
+// Each level's FP8 E4M3 row conversion: dst[i] = value of code src[i] times `scale`, bit for bit the
+// value of fp8_e4m3_table() times `scale` (NaN codes give NaN). Used by the kernels; here for tests.
+void fp8_row_scalar(const uint8_t* src, float* dst, int n, float scale);
+void fp8_row_avx2(const uint8_t* src, float* dst, int n, float scale);
+void fp8_row_avx512(const uint8_t* src, float* dst, int n, float scale);
 
 }  // namespace serval::cpu::attn

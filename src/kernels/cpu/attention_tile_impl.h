@@ -314,6 +314,7 @@ const float* tile_row(const TileArgs& a, const uint8_t* src, float* tmp, int D) 
   switch (a.kind) {
     case KvKind::F32: return reinterpret_cast<const float*>(src);
     case KvKind::F16: V::cvt_f16_row(reinterpret_cast<const uint16_t*>(src), tmp, D); return tmp;
+    case KvKind::Fp8: V::cvt_fp8_row(src, tmp, D, a.head_scale); return tmp;
     case KvKind::Dequant: a.dequant(src, tmp, D, a.head_scale); return tmp;
   }
   return tmp;
