@@ -40,7 +40,7 @@ namespace cpu {
 constexpr int kPackRows = 16;
 constexpr int kPackBlock = 32;
 // Calls with fewer tokens than this run the AVX-512 kernel at the AMX level (tiles do not pay).
-constexpr int64_t kAmxMinTokens = 9;
+constexpr int64_t kAmxMinTokens = 11;
 
 struct AlignedFree {
   void operator()(void* p) const;
