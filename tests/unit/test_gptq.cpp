@@ -198,6 +198,55 @@ TEST(Gptq, ZeroRowsStayZero) {
   }
 }
 
+// Inputs whose column j + 256 repeats column j (plus a little noise): the correlated columns sit in
+// different groups of 256, so only the update of the later groups (one product per group) can use it.
+TEST(Gptq, ErrorsReachTheLaterGroups) {
+  const int64_t rows = 8, cols = 512, n = 1024;
+  auto x = gaussian(size_t(n * cols), 31);
+  const auto noise = gaussian(size_t(n * cols), 32, 0.05f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 256; j < cols; ++j) x[size_t(r * cols + j)] = x[size_t(r * cols + j - 256)] + noise[size_t(r * cols + j)];
+  Hessian h(cols);
+  h.add(x.data(), n);
+  const auto w = gaussian(size_t(rows * cols), 33, 0.05f);
+  for (DType t : {DType::Q4_0, DType::Q4_K}) {
+    std::vector<uint8_t> rtn(size_t(rows) * row_bytes(t, size_t(cols)));
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row(t, w.data() + r * cols, rtn.data() + r * row_bytes(t, size_t(cols)), size_t(cols), h.mean_square().data());
+    const double e_rtn = gptq_output_error(t, w.data(), rtn.data(), rows, cols, h);
+    const double e_gptq = gptq_output_error(t, w.data(), gptq_quantize(t, w.data(), rows, cols, h).data(), rows, cols, h);
+    EXPECT_LT(e_gptq, 0.6 * e_rtn) << dtype_info(t).name << ": GPTQ " << e_gptq << ", RTN " << e_rtn;
+  }
+}
+
+// gptq_output_error against the sum written out: (w - q) H (w - q)^T per row, over the row count.
+TEST(Gptq, OutputErrorIsTheHessianNorm) {
+  const int64_t rows = 3, cols = 64, n = 100;
+  const auto x = correlated_inputs(n, cols, 41);
+  Hessian h(cols);
+  h.add(x.data(), n);
+  const auto w = gaussian(size_t(rows * cols), 42);
+  std::vector<uint8_t> q(size_t(rows) * row_bytes(DType::Q4_0, size_t(cols)));
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(DType::Q4_0, w.data() + r * cols, q.data() + r * row_bytes(DType::Q4_0, size_t(cols)), size_t(cols));
+  double want = 0;
+  std::vector<float> y(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(DType::Q4_0, q.data() + r * row_bytes(DType::Q4_0, size_t(cols)), y.data(), size_t(cols));
+    for (int64_t a = 0; a < cols; ++a)
+      for (int64_t b = 0; b < cols; ++b)
+        want += double(w[size_t(r * cols + a)] - y[size_t(a)]) * h.h[size_t(a * cols + b)] * double(w[size_t(r * cols + b)] - y[size_t(b)]);
+  }
+  want /= double(n);
+  EXPECT_NEAR(gptq_output_error(DType::Q4_0, w.data(), q.data(), rows, cols, h), want, 1e-6 * want);
+}
+
+// The integer block types, and nothing else.
+TEST(Gptq, SupportsTheIntegerBlockTypesOnly) {
+  for (DType t : kTypes) EXPECT_TRUE(gptq_supports(t)) << dtype_info(t).name;
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::F8_E4M3}) EXPECT_FALSE(gptq_supports(t)) << int(t);
+}
+
 TEST(Gptq, DeadColumnsBecomeZeroAndBadInputIsRefused) {
   const int64_t rows = 2, cols = 64, n = 64;
   auto x = gaussian(size_t(n * cols), 4);
@@ -209,6 +258,11 @@ TEST(Gptq, DeadColumnsBecomeZeroAndBadInputIsRefused) {
   std::vector<float> y(static_cast<size_t>(cols));
   dequantize_row(DType::Q8_0, q.data(), y.data(), size_t(cols));
   EXPECT_EQ(y[10], 0.0f);
+  // Without damping the dead column's pivot must still be set (else the factorisation has a zero).
+  const auto undamped = gptq_quantize(DType::Q8_0, w.data(), rows, cols, h, 0.0f);
+  dequantize_row(DType::Q8_0, undamped.data(), y.data(), size_t(cols));
+  EXPECT_EQ(y[10], 0.0f);
+  for (size_t j = 0; j < y.size(); ++j) ASSERT_TRUE(std::isfinite(y[j]) && (j == 10 || std::fabs(y[j] - w[j]) < 0.5f)) << j;
   EXPECT_THROW(gptq_quantize(DType::F16, w.data(), rows, cols, h), Error);
   EXPECT_THROW(gptq_quantize(DType::Q8_0, w.data(), rows, 32, h), Error);
   EXPECT_THROW(gptq_quantize(DType::Q8_0, w.data(), rows, cols, h, -1.0f), Error);
