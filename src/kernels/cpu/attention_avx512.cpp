@@ -51,7 +51,8 @@ struct V512 {
       const __mmask16 m = __mmask16((1u << (n - i)) - 1);
       _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
     }
-  }  // E4M3's bits (s eeee mmm) placed as an F16's (s 0eeee mmm0000000) are the value times 2^-8, normal
+  }
+  // E4M3's bits (s eeee mmm) placed as an F16's (s 0eeee mmm0000000) are the value times 2^-8, normal
   // and subnormal alike; NaN codes (eeee mmm all ones) get an F16 NaN.
   static __m512 fp8_times(__m128i codes, __m512 mul) {
     const __m256i b = _mm256_cvtepu8_epi16(codes);
@@ -71,7 +72,6 @@ struct V512 {
       _mm512_mask_storeu_ps(dst + i, m, fp8_times(_mm_maskz_loadu_epi8(m, src + i), mul));
     }
   }
-
 };
 
 }  // namespace
