@@ -144,6 +144,22 @@ void expect_nearest_on_grid(DType t, const float* w, const uint8_t* q, int64_t c
   }
 }
 
+// Each row of w[rows][cols] quantized alone by the type's own search (`importance` may be null).
+std::vector<uint8_t> rtn_rows(DType t, const std::vector<float>& w, int64_t rows, int64_t cols, const float* importance) {
+  const size_t rb = row_bytes(t, size_t(cols));
+  std::vector<uint8_t> q(size_t(rows) * rb);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, w.data() + r * cols, q.data() + size_t(r) * rb, size_t(cols), importance);
+  return q;
+}
+
+// GPTQ's output error on w is below `ratio` times round-to-nearest's (the type's search with the
+// Hessian's mean squares as importances, as GPTQ's own block search has them).
+void expect_gptq_beats_rtn(DType t, const std::vector<float>& w, int64_t rows, int64_t cols, const Hessian& h, double ratio) {
+  const double e_rtn = gptq_output_error(t, w.data(), rtn_rows(t, w, rows, cols, h.mean_square().data()).data(), rows, cols, h);
+  const double e_gptq = gptq_output_error(t, w.data(), gptq_quantize(t, w.data(), rows, cols, h).data(), rows, cols, h);
+  EXPECT_LT(e_gptq, ratio * e_rtn) << dtype_info(t).name << ": GPTQ " << e_gptq << ", RTN " << e_rtn;
+}
+
 TEST(Gptq, IndependentInputsOnlyRound) {
   const int64_t rows = 4, cols = 512, n = 2 * cols;
   for (DType t : kTypes) {
@@ -165,16 +181,7 @@ TEST(Gptq, CorrelatedInputsLowerTheOutputError) {
   Hessian h(cols);
   h.add(x.data(), n);
   const auto w = gaussian(size_t(rows * cols), 9, 0.05f);
-  const auto importance = h.mean_square();
-  for (DType t : kTypes) {
-    std::vector<uint8_t> rtn(size_t(rows) * row_bytes(t, size_t(cols)));
-    for (int64_t r = 0; r < rows; ++r)
-      quantize_row(t, w.data() + r * cols, rtn.data() + r * row_bytes(t, size_t(cols)), size_t(cols), importance.data());
-    const auto gptq = gptq_quantize(t, w.data(), rows, cols, h);
-    const double e_rtn = gptq_output_error(t, w.data(), rtn.data(), rows, cols, h);
-    const double e_gptq = gptq_output_error(t, w.data(), gptq.data(), rows, cols, h);
-    EXPECT_LT(e_gptq, 0.8 * e_rtn) << dtype_info(t).name << ": GPTQ " << e_gptq << ", RTN " << e_rtn;
-  }
+  for (DType t : kTypes) expect_gptq_beats_rtn(t, w, rows, cols, h, 0.8);
 }
 
 // A row of zeros has nothing to round and no error to spread: it comes back as zeros in every type,
@@ -209,14 +216,7 @@ TEST(Gptq, ErrorsReachTheLaterGroups) {
   Hessian h(cols);
   h.add(x.data(), n);
   const auto w = gaussian(size_t(rows * cols), 33, 0.05f);
-  for (DType t : {DType::Q4_0, DType::Q4_K}) {
-    std::vector<uint8_t> rtn(size_t(rows) * row_bytes(t, size_t(cols)));
-    for (int64_t r = 0; r < rows; ++r)
-      quantize_row(t, w.data() + r * cols, rtn.data() + r * row_bytes(t, size_t(cols)), size_t(cols), h.mean_square().data());
-    const double e_rtn = gptq_output_error(t, w.data(), rtn.data(), rows, cols, h);
-    const double e_gptq = gptq_output_error(t, w.data(), gptq_quantize(t, w.data(), rows, cols, h).data(), rows, cols, h);
-    EXPECT_LT(e_gptq, 0.6 * e_rtn) << dtype_info(t).name << ": GPTQ " << e_gptq << ", RTN " << e_rtn;
-  }
+  for (DType t : {DType::Q4_0, DType::Q4_K}) expect_gptq_beats_rtn(t, w, rows, cols, h, 0.6);
 }
 
 // gptq_output_error against the sum written out: (w - q) H (w - q)^T per row, over the row count.
@@ -226,9 +226,7 @@ TEST(Gptq, OutputErrorIsTheHessianNorm) {
   Hessian h(cols);
   h.add(x.data(), n);
   const auto w = gaussian(size_t(rows * cols), 42);
-  std::vector<uint8_t> q(size_t(rows) * row_bytes(DType::Q4_0, size_t(cols)));
-  for (int64_t r = 0; r < rows; ++r)
-    quantize_row(DType::Q4_0, w.data() + r * cols, q.data() + r * row_bytes(DType::Q4_0, size_t(cols)), size_t(cols));
+  const auto q = rtn_rows(DType::Q4_0, w, rows, cols, nullptr);
   double want = 0;
   std::vector<float> y(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "base/error.h"
@@ -68,6 +69,13 @@ TEST(Fp8E4m3, SaturatesAndKeepsNan) {
   EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(1.0f, -11)), 0x00) << "below half the smallest subnormal";
   EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(1.0f, -10)), 0x00) << "half the smallest subnormal: to even (0)";
   EXPECT_EQ(f32_to_fp8_e4m3(std::ldexp(3.0f, -11)), 0x01);
+}
+
+// Slots 0 .. n - 1: a sequence written in order.
+std::vector<int32_t> first_slots(int32_t n) {
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  std::iota(slots.begin(), slots.end(), 0);
+  return slots;
 }
 
 ModelConfig toy_config(int64_t n_kv_heads, int64_t d_head) {
@@ -171,8 +179,7 @@ TEST(KvCacheTypes, Fp8AttentionUndoesTheVRotation) {
     fp8.write(0, p, k.data(), v.data());
   }
   const auto q = test::random_floats(size_t(2 * d), 9);
-  std::vector<int32_t> slots(n_pos);
-  for (int32_t p = 0; p < n_pos; ++p) slots[size_t(p)] = p;
+  const std::vector<int32_t> slots = first_slots(int32_t(n_pos));
   const AttentionShape s{2, 2, int(d), 1.0f / 8};
   std::vector<float> want(2 * d), got(2 * d), ref_got(2 * d), unrotated(2 * d);
   cpu::attention(s, q.data(), f32.view(0), slots, want.data());
@@ -214,8 +221,7 @@ TEST(KvCacheTypes, ShiftedKeysLeaveAttentionUnchanged) {
   }
   auto q = test::random_floats(size_t(4 * d), 11);
   for (int64_t h = 0; h < 4; ++h) q[size_t(h * d + 31)] += 40, q[size_t(h * d + 63)] -= 30;
-  std::vector<int32_t> slots(n_pos);
-  for (int32_t p = 0; p < n_pos; ++p) slots[size_t(p)] = p;
+  const std::vector<int32_t> slots = first_slots(int32_t(n_pos));
   const AttentionShape s{4, 2, int(d), 1.0f / 8};
   std::vector<float> want(4 * d), got(4 * d), ref_want(4 * d), ref_got(4 * d);
   cpu::attention(s, q.data(), plain.view(0), slots, want.data());
