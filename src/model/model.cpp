@@ -122,16 +122,22 @@ void add_bias(float* y, const std::vector<float>& b, int64_t n_tok) {
 
 }  // namespace
 
+double Model::rope_angle(double pos, int64_t i, bool swa_layer) const {
+  const auto& c = config_;
+  const double base = swa_layer ? c.rope_base_swa : c.rope_base;
+  const double p = pos / (swa_layer ? 1.0 : c.rope_linear_scale);
+  double theta = p * std::pow(base, -2.0 * double(i) / double(c.d_head));
+  if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+  return theta;
+}
+
 Model::RopeTable Model::rope_table(const Batch& batch, bool swa_layer) const {
   const auto& c = config_;
-  const int64_t d = c.d_head, half = d / 2, n_tok = int64_t(batch.size());
-  const double base = swa_layer ? c.rope_base_swa : c.rope_base;
+  const int64_t half = c.d_head / 2, n_tok = int64_t(batch.size());
   RopeTable r{std::vector<float>(n_tok * half), std::vector<float>(n_tok * half)};
   parallel_for(n_tok, [&](int64_t t) {
-    const double p = double(batch.positions[t]) / (swa_layer ? 1.0 : c.rope_linear_scale);
     for (int64_t i = 0; i < half; ++i) {
-      double theta = p * std::pow(base, -2.0 * double(i) / double(d));
-      if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+      const double theta = rope_angle(batch.positions[t], i, swa_layer);
       r.cs[t * half + i] = float(std::cos(theta));
       r.sn[t * half + i] = float(std::sin(theta));
     }
@@ -167,10 +173,8 @@ std::vector<std::vector<float>> Model::compute_k_centres() const {
     const bool swa = c.layer_is_swa[il];
     std::vector<float> centre(bk.size());
     for (int64_t i = 0; i < half; ++i) {
-      // Angle per position step, as rope_table; the mean of e^{i theta p} over p < n in closed form.
-      double theta = std::pow(swa ? c.rope_base_swa : c.rope_base, -2.0 * double(i) / double(d)) /
-                     (swa ? 1.0 : c.rope_linear_scale);
-      if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+      // The angle per position step; the mean of e^{i theta p} over p < n in closed form.
+      const double theta = rope_angle(1.0, i, swa);
       const double s = std::sin(theta / 2);
       const double amp = std::abs(s) < 1e-12 ? 1.0 : std::sin(n * theta / 2) / (n * s);
       const double mc = amp * std::cos(theta * (n - 1) / 2), ms = amp * std::sin(theta * (n - 1) / 2);

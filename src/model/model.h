@@ -201,6 +201,8 @@ class Model {
     std::vector<float> cs, sn;
   };
   RopeTable rope_table(const Batch& batch, bool swa_layer) const;
+  // The rotary angle of pair i at position `pos` (rope_table's, and k_centres' per-position step).
+  double rope_angle(double pos, int64_t i, bool swa_layer) const;
   void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
   void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x,
                        ShardIo* io) const;
