@@ -211,5 +211,22 @@ TEST(Isa, LevelsParseAndCannotBeForcedAboveTheCpu) {
   }
 }
 
+TEST(PackedGemm, EvenTilesCoverTheTokensInBalancedTiles) {
+  for (int64_t max_tile : {4, 8})
+    for (int64_t n = 1; n <= 40; ++n) {
+      std::vector<std::pair<int64_t, int64_t>> tiles;
+      cpu::for_even_tiles(3, 3 + n, max_tile, [&](int64_t t, int64_t k) { tiles.emplace_back(t, k); });
+      ASSERT_EQ(int64_t(tiles.size()), (n + max_tile - 1) / max_tile) << n;
+      int64_t next = 3, lo = max_tile, hi = 0;
+      for (auto [t, k] : tiles) {
+        EXPECT_EQ(t, next) << "tiles are contiguous, in order";
+        next += k, lo = std::min(lo, k), hi = std::max(hi, k);
+      }
+      EXPECT_EQ(next, 3 + n);
+      EXPECT_LE(hi, max_tile);
+      EXPECT_LE(hi - lo, 1) << n << " tokens in tiles of " << max_tile;
+    }
+}
+
 }  // namespace
 }  // namespace serval

@@ -84,6 +84,7 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
       __m256i v[8];
+      if (h == 0) prefetch_ahead<kNib, kPlane>(w.block(g, b));  // the second half finds the lines in cache
       load_half<kNib, kPlane>(w.block(g, b), h, v);
       __m256i slo = _mm256_setzero_si256(), shi = slo, offp = slo;
       if constexpr (kSub >= 1) slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
@@ -148,7 +149,7 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
   for (int64_t g = g0; g < g1; ++g)
     for (int h = 0; h < 2; ++h) {
       if (g * kPackRows + 8 * h >= w.rows) break;
-      for (int64_t t = t0; t < t1; t += kMaxTile) kTiles[t1 - t < kMaxTile ? t1 - t : kMaxTile](w, x, g, h, t, y);
+      for_even_tiles(t0, t1, kMaxTile, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, h, t, y); });
     }
 }
 

@@ -66,6 +66,7 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
       __m512i v[8];
+      prefetch_ahead<kNib, kPlane>(w.block(g, b));
       load_block<kNib, kPlane>(w.block(g, b), v);
       __m512i slo = _mm512_setzero_si512(), shi = slo, offp = slo;
       if constexpr (kSub >= 1) slo = widen16(w.sub.data() + w.int_index(g, b));
@@ -129,7 +130,7 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
       tile<7, kNib, kPlane, kSub, kMins>,
       tile<8, kNib, kPlane, kSub, kMins>};
   for (int64_t g = g0; g < g1; ++g)
-    for (int64_t t = t0; t < t1; t += kMaxTile) kTiles[t1 - t < kMaxTile ? t1 - t : kMaxTile](w, x, g, t, y);
+    for_even_tiles(t0, t1, kMaxTile, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, t, y); });
 }
 
 // Q8_0: per 32 values, d = amax / 127 rounded to F16, q = round-half-even(x * 127 / amax).
