@@ -29,6 +29,25 @@ TEST(Sampler, GreedyIsArgmax) {
   EXPECT_EQ(argmax(std::vector<float>{2, 5, 5, 1}), 1);  // ties: lowest id
 }
 
+TEST(Sampler, ArgmaxIsMaxElementWithTiesNansAndInfinities) {
+  // std::max_element is the definition: the first largest, NaN never larger, a NaN first element wins.
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<float> v(1 + rng() % 300);
+    for (float& x : v) x = float(int(rng() % 9) - 4);  // many ties
+    for (int k = int(rng() % 3); k > 0; --k) v[rng() % v.size()] = std::nanf("");
+    if (rng() % 4 == 0) v[rng() % v.size()] = -INFINITY;
+    if (rng() % 6 == 0) v[rng() % v.size()] = INFINITY;
+    if (rng() % 8 == 0) std::fill(v.begin(), v.end(), -INFINITY);
+    const auto want = int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+    ASSERT_EQ(argmax(v), want) << "trial " << trial << ", " << v.size() << " logits";
+  }
+  std::vector<float> big(151936, -1.0f);
+  big[151935] = 2.0f, big[77777] = 2.0f;
+  EXPECT_EQ(argmax(big), 77777);
+  EXPECT_EQ(argmax(std::vector<float>{std::nanf(""), 5.0f}), 0);
+}
+
 TEST(Sampler, LogprobsAreLogSoftmax) {
   double z = 0;
   for (float l : kLogits) z += std::exp(l);
