@@ -59,6 +59,7 @@ std::vector<SpecRow> spec_rows(const BenchOptions& o, const Model& model, const 
     for (int r = 0; r < o.reps; ++r) {
       GenerationParams p;
       p.sampling.temperature = 0;
+      p.sampling.compute_logprob = false;  // greedy tokens only, as llama-bench
       p.max_tokens = o.n_gen;
       p.ignore_eos = true;
       Clock::time_point first;

@@ -132,6 +132,7 @@ void run_bench_serving(const ServingOptions& o) {
     r.params.max_tokens = o_lo + int(rng() % uint64_t(o_hi - o_lo + 1));
     r.params.ignore_eos = true;  // every request produces exactly its output length
     r.params.sampling.temperature = 0;
+    r.params.sampling.compute_logprob = false;  // as a client that asks for no logprobs
     work.push_back(std::move(r));
   }
   fmt::print("{} requests, prompts {} tokens, outputs {} tokens, concurrency {}\n\n", o.requests, o.prompt_len,

@@ -103,6 +103,7 @@ void run_generate(GenerateOptions& o) {
 
   GenerationParams params;
   params.sampling = o.sampling;
+  params.sampling.compute_logprob = o.json;  // only --json prints it: a log-sum-exp over the vocabulary per token
   params.max_tokens = o.n_predict;
   params.ignore_eos = o.ignore_eos;
   Utf8StreamDecoder utf8;

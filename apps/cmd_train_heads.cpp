@@ -111,6 +111,7 @@ std::vector<int32_t> self_distilled(const Model& m, std::span<const int32_t> cor
     out[size_t(w)].assign(corpus.begin() + start, corpus.begin() + start + prompt_len);
     GenerationParams p;
     p.sampling.temperature = 0;
+    p.sampling.compute_logprob = false;
     p.max_tokens = ctx - prompt_len;
     p.ignore_eos = true;
     engine.add_request(out[size_t(w)], p, [&out, &done, w](const TokenEvent& ev) {
