@@ -213,7 +213,10 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
   configure_tiles(kSplit ? Tiles::Split : Tiles::Plain);
   uint8_t* widened = widen_buffer(size_t(w.n_blocks) * 512);
   for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t b = 0; b < w.n_blocks; ++b) widen_block<kNib, kPlane>(w.block(g, b), w.offset, widened + 512 * b);
+    for (int64_t b = 0; b < w.n_blocks; ++b) {
+      prefetch_ahead<kNib, kPlane>(w.block(g, b));
+      widen_block<kNib, kPlane>(w.block(g, b), w.offset, widened + 512 * b);
+    }
     const uint8_t* wq = widened;
     for (int64_t t = t0; t < t1; t += kTileTokens)
       tile16<kSplit, kSub, kMins>(w, x, wq, g, t, int(t1 - t < kTileTokens ? t1 - t : kTileTokens), y);
