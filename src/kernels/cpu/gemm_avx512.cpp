@@ -116,6 +116,52 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
 }
 
+// Types of one block per scale and no sub-scales or mins (Q4_0, Q5_0, Q8_0, IQ4_NL): each block's sum
+// goes straight into the float accumulator, so no integer sums stay live and a tile holds up to 10
+// tokens: 9 and 10 tokens load and unpack the weights once, not twice (0.5B, 9 tokens: 29.3 -> 25.4 ms).
+// The operations per (row, token, block) are tile<>'s with one block per super-block, in the same
+// order: the same bits. Tiles of 12 or 16 spill registers and were no faster than two tiles.
+constexpr int kMaxTileOneBlock = 10;
+
+template <int NT, bool kNib, bool kPlane>
+void tile_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, float* y) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const int64_t nb = w.n_blocks;
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_ahead<kNib, kPlane>(w.block(g, b));
+    __m512i v[8];
+    load_block<kNib, kPlane>(w.block(g, b), v);
+    const __m512 sc = _mm512_loadu_ps(w.scale.data() + w.super_index(g, b));
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
+      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
+      const __m512i start = w.offset != 0 ? _mm512_set1_epi32(-w.offset * (xs[0] + xs[1])) : _mm512_setzero_si512();
+      const __m512i sum = dot16(dot16(start, v, xq), v + 4, xq + 16);
+      const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + b]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(sum), acc[t]);
+    }
+  }
+  const int64_t r0 = g * kPackRows;
+  const int valid = int(w.rows - r0 < kPackRows ? w.rows - r0 : kPackRows);
+  const __mmask16 mask = __mmask16((1u << valid) - 1);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
+}
+
+template <bool kNib, bool kPlane>
+void run_one_block(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
+  using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
+  static constexpr TileFn kTiles[kMaxTileOneBlock + 1] = {
+      nullptr,
+      tile_one_block<1, kNib, kPlane>, tile_one_block<2, kNib, kPlane>, tile_one_block<3, kNib, kPlane>,
+      tile_one_block<4, kNib, kPlane>, tile_one_block<5, kNib, kPlane>, tile_one_block<6, kNib, kPlane>,
+      tile_one_block<7, kNib, kPlane>, tile_one_block<8, kNib, kPlane>, tile_one_block<9, kNib, kPlane>,
+      tile_one_block<10, kNib, kPlane>};
+  for (int64_t g = g0; g < g1; ++g)
+    for_even_tiles(t0, t1, kMaxTileOneBlock, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, t, y); });
+}
+
 template <bool kNib, bool kPlane, int kSub, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
@@ -190,6 +236,9 @@ void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t*
 void packed_gemm_avx512(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                         float* y) {
   with_layout(w.source, [&]<bool kNib, bool kPlane, int kSub, bool kMins>() {
+    if constexpr (kSub == 0 && !kMins) {
+      if (w.sb == 1) return run_one_block<kNib, kPlane>(w, x, g0, g1, t0, t1, y);
+    }
     run<kNib, kPlane, kSub, kMins>(w, x, g0, g1, t0, t1, y);
   });
 }

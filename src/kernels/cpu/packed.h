@@ -40,8 +40,10 @@ namespace cpu {
 
 constexpr int kPackRows = 16;
 constexpr int kPackBlock = 32;
-// Calls with fewer tokens than this run the AVX-512 kernel at the AMX level (tiles do not pay).
-constexpr int64_t kAmxMinTokens = 11;
+// Calls with fewer tokens than this run the AVX-512 kernel at the AMX level (tiles do not pay): with
+// weights prefetched and one-block types in tiles of up to 10 tokens, AVX-512 VNNI is ahead up to 24
+// tokens and level at 28-32 on the Qwen 0.5B and 1.5B (docs/kernels.md).
+constexpr int64_t kAmxMinTokens = 28;
 
 struct AlignedFree {
   void operator()(void* p) const;
