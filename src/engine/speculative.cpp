@@ -129,10 +129,14 @@ DraftModelProposer::DraftModelProposer(const SpeculativeConfig& config, int32_t 
   batch_.block_size = block_size;
 }
 
+// Logits more than 20 below the top add at most e^-20 each: over 152K tokens 3e-4 to a sum of at least
+// 1, nothing against a threshold like 0.8, and most of a vocabulary is that far down. Skipping their
+// exp() makes this a compare per logit instead of an exp (about 1 ms per draft token on 152K).
 float DraftModelProposer::top_probability(std::span<const float> logits, int32_t best) {
   double sum = 0;
-  const float top = logits[size_t(best)];
-  for (float l : logits) sum += std::exp(double(l - top));
+  const float top = logits[size_t(best)], cut = top - 20.0f;
+  for (float l : logits)
+    if (l > cut) sum += std::exp(double(l - top));
   return float(1.0 / sum);
 }
 

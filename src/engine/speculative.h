@@ -144,6 +144,8 @@ class DraftModelProposer : public Proposer {
   int64_t kv_tokens() const { return n_tokens_; }  // capacity of the draft KV cache
   int64_t forward_passes() const { return passes_; }  // of the draft model, so far
   int64_t blocks_in_use() const override;
+  // Softmax probability of `best` (the argmax) in `logits`, within 3e-4 (logits 20 below it are left out).
+  static float top_probability(std::span<const float> logits, int32_t best);
 
  private:
   struct Seq {
@@ -169,8 +171,6 @@ class DraftModelProposer : public Proposer {
   // Whether `seq` drafts this step (its back-off wait counts down otherwise).
   bool drafts_now(Seq& seq);
   void record_outcome(Seq& seq, bool empty);
-  // Softmax probability of `best` (the argmax) in `logits`.
-  static float top_probability(std::span<const float> logits, int32_t best);
 };
 
 // Medusa-style heads (engine/heads.h): from the hidden state that gave a request's last token, head k

@@ -118,6 +118,21 @@ const std::vector<std::string> kMethods = {"ngram", "draft", "heads", "ngram+dra
 const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
                                          "The little girl went to the park", "Lily and Tom were best friends."};
 
+TEST(DraftModel, TopProbabilityIsTheSoftmaxOfTheBestWithin3e4) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> spread(0.0f, 4.0f);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> logits(151936);
+    for (float& l : logits) l = spread(rng);
+    const auto best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    logits[size_t(best)] += float(trial);  // from an unsure top to a sure one
+    double sum = 0;
+    for (float l : logits) sum += std::exp(double(l) - logits[size_t(best)]);
+    const double want = 1.0 / sum;
+    EXPECT_NEAR(DraftModelProposer::top_probability(logits, best), want, 3e-4) << "trial " << trial;
+  }
+}
+
 TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
   for (const std::string method : kMethods) {
     for (float temp : {0.0f, 1.0f}) {
