@@ -1,4 +1,5 @@
-// The packed GEMM with AVX-512 VNNI: a register tile of 16 rows (one vector) x up to 8 tokens.
+// The packed GEMM with AVX-512 VNNI: a register tile of 16 rows (one vector) x up to 9 tokens (10 for
+// the one-block types).
 // Compiled with this level's flags only (CMakeLists.txt); called only when active_isa() allows it.
 // The integer and float steps per (row, token, super-block) are those of packed.h, in the same order.
 #include <immintrin.h>
@@ -11,7 +12,7 @@
 namespace serval::cpu {
 namespace {
 
-constexpr int kMaxTile = 8;
+constexpr int kMaxTile = 9;
 
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -174,7 +175,8 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
       tile<5, kNib, kPlane, kSub, kMins>,
       tile<6, kNib, kPlane, kSub, kMins>,
       tile<7, kNib, kPlane, kSub, kMins>,
-      tile<8, kNib, kPlane, kSub, kMins>};
+      tile<8, kNib, kPlane, kSub, kMins>,
+      tile<9, kNib, kPlane, kSub, kMins>};
   for (int64_t g = g0; g < g1; ++g)
     for_even_tiles(t0, t1, kMaxTile, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, t, y); });
 }
