@@ -55,6 +55,24 @@ inline __m512i dot16(__m512i acc, const __m512i* v, const int8_t* xq) {
   return acc;
 }
 
+// Token `tok`'s integer sum over block b of the 16 rows, S - offset * sum(x), for types without split
+// sub-scales (packed.h's arithmetic).
+inline __m512i block_sum(const PackedWeights& w, const PackedActs& x, const __m512i* v, int64_t tok, int64_t b) {
+  const int8_t* xq = x.row(tok) + b * kPackBlock;
+  const int32_t* xs = x.sums.data() + (tok * w.n_blocks + b) * 2;
+  const __m512i start = w.offset != 0 ? _mm512_set1_epi32(-w.offset * (xs[0] + xs[1])) : _mm512_setzero_si512();
+  return dot16(dot16(start, v, xq), v + 4, xq + 16);
+}
+
+// The tile's NT x 16 results into y (rows past the matrix's end are not written).
+template <int NT>
+inline void store_tile(const PackedWeights& w, int64_t g, int64_t t0, const __m512* acc, float* y) {
+  const int64_t r0 = g * kPackRows;
+  const int valid = int(w.rows - r0 < kPackRows ? w.rows - r0 : kPackRows);
+  const __mmask16 mask = __mmask16((1u << valid) - 1);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
+}
+
 // kSub: 0 without sub-scales, 1 one per block, 2 one per half (packed.h).
 template <int NT, bool kNib, bool kPlane, int kSub, bool kMins>
 void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, float* y) {
@@ -77,15 +95,13 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
         offp = pair16(_mm512_mullo_epi32(slo, neg_off), _mm512_mullo_epi32(shi, neg_off));
       }
       for (int t = 0; t < NT; ++t) {
-        const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
         if constexpr (kSub == 2) {
+          const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
           const __m512i lo = dot16(_mm512_setzero_si512(), v, xq), hi = dot16(_mm512_setzero_si512(), v + 4, xq + 16);
           isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(slo, lo), _mm512_mullo_epi32(shi, hi)));
           if (w.offset != 0) isum[t] = _mm512_dpwssd_epi32(isum[t], offp, _mm512_set1_epi32(pairs[t * nb + b]));
         } else {
-          const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-          const __m512i start = w.offset != 0 ? _mm512_set1_epi32(-w.offset * (xs[0] + xs[1])) : _mm512_setzero_si512();
-          __m512i sum = dot16(dot16(start, v, xq), v + 4, xq + 16);
+          const __m512i sum = block_sum(w, x, v, t0 + t, b);
           isum[t] = _mm512_add_epi32(isum[t], kSub == 1 ? _mm512_mullo_epi32(slo, sum) : sum);
         }
       }
@@ -111,10 +127,7 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
       }
     }
   }
-  const int64_t r0 = g * kPackRows;
-  const int valid = int(w.rows - r0 < kPackRows ? w.rows - r0 : kPackRows);
-  const __mmask16 mask = __mmask16((1u << valid) - 1);
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
+  store_tile<NT>(w, g, t0, acc, y);
 }
 
 // Types of one block per scale and no sub-scales or mins (Q4_0, Q5_0, Q8_0, IQ4_NL): each block's sum
@@ -136,36 +149,37 @@ void tile_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int6
     const __m512 sc = _mm512_loadu_ps(w.scale.data() + w.super_index(g, b));
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
-      const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
-      const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-      const __m512i start = w.offset != 0 ? _mm512_set1_epi32(-w.offset * (xs[0] + xs[1])) : _mm512_setzero_si512();
-      const __m512i sum = dot16(dot16(start, v, xq), v + 4, xq + 16);
+      const __m512i sum = block_sum(w, x, v, t0 + t, b);
       const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + b]);
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(sum), acc[t]);
     }
   }
-  const int64_t r0 = g * kPackRows;
-  const int valid = int(w.rows - r0 < kPackRows ? w.rows - r0 : kPackRows);
-  const __mmask16 mask = __mmask16((1u << valid) - 1);
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * w.rows + r0, mask, acc[t]);
+  store_tile<NT>(w, g, t0, acc, y);
+}
+
+using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
+
+// Every row group [g0, g1) by tokens [t0, t1) in even tiles of `tiles`' widths (tiles[n]: n tokens).
+template <int kMax>
+void run_tiles(const TileFn (&tiles)[kMax + 1], const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1,
+               int64_t t0, int64_t t1, float* y) {
+  for (int64_t g = g0; g < g1; ++g)
+    for_even_tiles(t0, t1, kMax, [&](int64_t t, int64_t n) { tiles[n](w, x, g, t, y); });
 }
 
 template <bool kNib, bool kPlane>
 void run_one_block(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
   static constexpr TileFn kTiles[kMaxTileOneBlock + 1] = {
       nullptr,
       tile_one_block<1, kNib, kPlane>, tile_one_block<2, kNib, kPlane>, tile_one_block<3, kNib, kPlane>,
       tile_one_block<4, kNib, kPlane>, tile_one_block<5, kNib, kPlane>, tile_one_block<6, kNib, kPlane>,
       tile_one_block<7, kNib, kPlane>, tile_one_block<8, kNib, kPlane>, tile_one_block<9, kNib, kPlane>,
       tile_one_block<10, kNib, kPlane>};
-  for (int64_t g = g0; g < g1; ++g)
-    for_even_tiles(t0, t1, kMaxTileOneBlock, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, t, y); });
+  run_tiles<kMaxTileOneBlock>(kTiles, w, x, g0, g1, t0, t1, y);
 }
 
 template <bool kNib, bool kPlane, int kSub, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int64_t, float*);
   static constexpr TileFn kTiles[kMaxTile + 1] = {
       nullptr,
       tile<1, kNib, kPlane, kSub, kMins>,
@@ -177,8 +191,7 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
       tile<7, kNib, kPlane, kSub, kMins>,
       tile<8, kNib, kPlane, kSub, kMins>,
       tile<9, kNib, kPlane, kSub, kMins>};
-  for (int64_t g = g0; g < g1; ++g)
-    for_even_tiles(t0, t1, kMaxTile, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, t, y); });
+  run_tiles<kMaxTile>(kTiles, w, x, g0, g1, t0, t1, y);
 }
 
 // Q8_0: per 32 values, d = amax / 127 rounded to F16, q = round-half-even(x * 127 / amax).

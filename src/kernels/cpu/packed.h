@@ -130,8 +130,9 @@ constexpr int64_t kPrefetchBytes = 2048;
 template <bool kNib, bool kPlane>
 inline void prefetch_ahead(const uint8_t* blk) {
   constexpr int kLines = kNib ? (kPlane ? 5 : 4) : 8;  // PackedWeights::block_bytes() / 64
-  const char* ahead = reinterpret_cast<const char*>(blk) + kPrefetchBytes;
-  for (int l = 0; l < kLines; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);  // never faults past the end
+  // An address, not a pointer into the weights: near their end it lies past them (a prefetch never faults).
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(blk) + kPrefetchBytes;
+  for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * l), _MM_HINT_T0);
 }
 
 // Tokens [t0, t1) in register tiles of at most `max_tile`, as even as possible: 9 tokens in tiles of 8
