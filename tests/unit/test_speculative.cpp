@@ -444,6 +444,11 @@ TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   EXPECT_NE(msg([&] { n.validate(); }).find("ngram+draft or ngram+heads"), std::string::npos);
   n.ngram_first = false, n.draft_backoff_max = -1;
   EXPECT_NE(msg([&] { n.validate(); }).find("--draft-backoff must be 0..1024 (got -1)"), std::string::npos);
+  n.draft_backoff_max = 8;
+  for (int width : {0, 65})
+    EXPECT_NE(msg([&] { n.tree_width = width, n.validate(); }).find(fmt::format("--spec-tree-width must be 1..64 (got {})", width)),
+              std::string::npos) << width;
+  n.tree_width = 1;
   n.draft_backoff_max = 8, n.set_method("ngram+draft"), n.draft_model = nullptr, n.ngram_max = 2;
   EXPECT_NE(msg([&] { n.validate(); }).find("(got 3..2)"), std::string::npos) << "the default minimum 3 is above max";
   auto a = Model::load(test::shared_path("models/stories260K.gguf"));
