@@ -32,7 +32,8 @@ def f16(tmp_path_factory):
     model = cached_model("qwen2.5-coder-0.5b-instruct")
     out = tmp_path_factory.mktemp("quant") / "f16.gguf"
     run("quantize", model, out, "F16", "--allow-requantize", timeout=300)
-    return out
+    yield out
+    out.unlink(missing_ok=True)  # 1.2 GB: not kept for the rest of the session
 
 
 def test_f16_from_the_quantized_file_is_llama_quantizes(f16):
@@ -48,14 +49,17 @@ def test_f16_from_the_quantized_file_is_llama_quantizes(f16):
                                          ("Q4_K_M", []), ("Q6_K", [])])
 def test_types_and_bytes_are_llama_quantizes(f16, tmp_path, qtype, flags):
     out = tmp_path / f"{qtype}.gguf"
-    r = run("quantize", f16, out, qtype, *flags, timeout=300)
-    assert "bits per weight" in r.stderr
-    got, want = digest(out), case(qtype, flags)["tensors"]
-    differ = [n for n in want if got.get(n) != want[n]]
-    assert not differ and set(got) == set(want), f"{len(differ)} tensors differ, e.g. {differ[:3]}"
-    if qtype == "Q4_0":  # the file runs: metadata and the tied Q8_0 embedding are usable
-        g = run("generate", "-m", out, "-p", "def add(a, b):", "-n", "8", "--temp", "0", "-t", "2", timeout=120)
-        assert len(g.stdout.strip()) > 0
+    try:
+        r = run("quantize", f16, out, qtype, *flags, timeout=300)
+        assert "bits per weight" in r.stderr
+        got, want = digest(out), case(qtype, flags)["tensors"]
+        differ = [n for n in want if got.get(n) != want[n]]
+        assert not differ and set(got) == set(want), f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+        if qtype == "Q4_0":  # the file runs: metadata and the tied Q8_0 embedding are usable
+            g = run("generate", "-m", out, "-p", "def add(a, b):", "-n", "8", "--temp", "0", "-t", "2", timeout=120)
+            assert len(g.stdout.strip()) > 0
+    finally:
+        out.unlink(missing_ok=True)  # up to 650 MB each
 
 
 def test_refusals_are_clear(f16, tmp_path):
