@@ -29,6 +29,7 @@ struct TrainOptions {
   int heads = 4, vocab = 4096, ctx = 512, epochs = 2, batch = 64, threads = 0;
   int64_t max_tokens = 32768;
   bool self_distill = false;
+  bool parse_special = false;  // chat transcripts: <|im_start|> and the like are their special tokens
   int prompt_len = 32;
   float lr = 1e-3f;
   uint64_t seed = 1;
@@ -56,7 +57,7 @@ std::vector<int32_t> corpus_tokens(const TrainOptions& o, const Tokenizer& tok) 
       files.push_back(path);
     }
     for (const auto& f : files) {
-      const auto t = tok.encode(read_text_file(f), false, false);
+      const auto t = tok.encode(read_text_file(f), false, o.parse_special);
       tokens.insert(tokens.end(), t.begin(), t.end());
       if (!o.self_distill && int64_t(tokens.size()) >= o.max_tokens) break;  // self-distillation: prompts from all
     }
@@ -248,6 +249,8 @@ void add_train_heads(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "shuffling seed (default 1)");
   cmd->add_flag("--self-distill", o->self_distill,
                 "train on the model's own greedy continuations of each window's first tokens");
+  cmd->add_flag("--parse-special", o->parse_special,
+                "the corpus's special-token texts (chat markup such as <|im_start|>) are those tokens");
   cmd->add_option("--prompt-len", o->prompt_len, "with --self-distill: corpus tokens kept per window (default 32)");
   cmd->add_option("--loss-png", o->loss_png, "write the training loss curves to this PNG");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");

@@ -115,6 +115,23 @@ def test_llama_server_flat_n_max_is_accepted(server):
     assert status == 200, body
 
 
+def test_train_heads_reads_chat_markup_as_special_tokens_with_parse_special(tmp_path):
+    """A corpus of chat transcripts: with --parse-special, <|im_start|> is one token the heads can propose
+    (token 151644 in the heads' vocabulary); without it, the text is split into ordinary tokens."""
+    from gguf import GGUFReader
+    corpus = tmp_path / "chat.txt"
+    corpus.write_text("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n" * 40)
+    vocab = {}
+    for flags in [[], ["--parse-special"]]:
+        heads = tmp_path / f"heads{len(flags)}.gguf"
+        run("train-heads", "-m", cached_model(MODEL), "-f", corpus, "-o", heads, "--heads", 1, "--vocab", 8, "-c", 64,
+            "--tokens", 256, "--epochs", 1, "-t", 2, *flags)
+        tensor = next(t for t in GGUFReader(heads).tensors if t.name == "heads.vocab")
+        vocab[bool(flags)] = {int(i) for i in tensor.data}
+    assert 151644 in vocab[True] and 151645 in vocab[True]
+    assert 151644 not in vocab[False] and 151645 not in vocab[False]
+
+
 def test_train_heads_writes_heads_and_a_loss_png_that_generate_uses(tmp_path):
     heads, png = tmp_path / "heads.gguf", tmp_path / "loss.png"
     p = run("train-heads", "-m", STORIES, "-f", DATA / "tinystory.txt", "-o", heads,
