@@ -1,7 +1,8 @@
-// `serval train-heads`: Medusa-style decoding heads for a frozen model (engine/heads.h). Runs the model
-// over a text corpus once (its final hidden states, Serval's own kernels), then trains each head with
-// Adam to predict the token 2 + k places ahead, over the corpus's most frequent tokens; writes the heads
-// to a small GGUF file for `--spec heads FILE`, and the loss curves to a PNG.
+// `serval train-heads`: decoding heads for a frozen model (engine/heads.h), Medusa-style or, with
+// --token-input, Hydra-style. Runs the model over a text corpus once (its final hidden states, Serval's
+// own kernels), then trains each head with Adam to predict the token 2 + k places ahead, over the
+// corpus's most frequent tokens; writes the heads to a small GGUF file for `--spec heads FILE`, and the
+// loss curves to a PNG.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -29,7 +30,8 @@ struct TrainOptions {
   int heads = 4, vocab = 4096, ctx = 512, epochs = 2, batch = 64, threads = 0;
   int64_t max_tokens = 32768;
   bool self_distill = false;
-  bool parse_special = false;  // chat transcripts: <|im_start|> and the like are their special tokens
+  bool parse_special = false;
+  bool token_input = false;   // Hydra-style heads: each also reads the token before the one it guesses  // chat transcripts: <|im_start|> and the like are their special tokens
   int prompt_len = 32;
   float lr = 1e-3f;
   uint64_t seed = 1;
@@ -179,7 +181,9 @@ void run_train_heads(TrainOptions& o) {
   if (o.self_distill) tokens = self_distilled(*m, tokens, o.ctx, o.prompt_len, o.max_tokens);
   const std::vector<float> hidden = hidden_states(*m, tokens, o.ctx);
   const int64_t n_rows = int64_t(hidden.size()) / d;
-  DecodingHeads heads = DecodingHeads::create(*m, o.heads, frequent_tokens(std::span(tokens).first(size_t(n_rows)), o.vocab, m->tokenizer().n_vocab()));
+  DecodingHeads heads = DecodingHeads::create(
+      *m, o.heads, frequent_tokens(std::span(tokens).first(size_t(n_rows)), o.vocab, m->tokenizer().n_vocab()),
+      o.token_input);
   std::vector<int32_t> index(static_cast<size_t>(m->tokenizer().n_vocab()), -1);
   for (size_t v = 0; v < heads.vocab.size(); ++v) index[size_t(heads.vocab[v])] = int32_t(v);
   // The last window (at least 1/20 of the rows) is held out for validation.
@@ -190,6 +194,14 @@ void run_train_heads(TrainOptions& o) {
   std::vector<int64_t> order(static_cast<size_t>(n_train));
   std::iota(order.begin(), order.end(), 0);
   const int64_t steps_per_epoch = (n_train + o.batch - 1) / o.batch;
+  // Row r's input for head k: its hidden state, and (token-input heads) the token 1 + k ahead, which
+  // is the one before the label (any token where the row has no label).
+  const int64_t in = heads.n_in();
+  auto add_input = [&](std::vector<float>& x, int64_t r, int k) {
+    x.resize(x.size() + size_t(in));
+    const int64_t j = std::min(r + 1 + k, n_rows - 1);
+    heads.input(hidden.data() + r * d, tokens[size_t(j)], x.data() + x.size() - size_t(in));
+  };
   std::vector<float> h_batch;
   std::vector<int32_t> l_batch;
   for (int k = 0; k < o.heads; ++k) {
@@ -201,7 +213,7 @@ void run_train_heads(TrainOptions& o) {
         h_batch.clear(), l_batch.clear();
         for (int64_t i = s * o.batch; i < std::min(n_train, (s + 1) * o.batch); ++i) {
           const int64_t r = order[size_t(i)];
-          h_batch.insert(h_batch.end(), hidden.begin() + r * d, hidden.begin() + (r + 1) * d);
+          add_input(h_batch, r, k);
           l_batch.push_back(labels[size_t(r)]);
         }
         const double l = trainer.step(k, h_batch, l_batch);
@@ -212,18 +224,18 @@ void run_train_heads(TrainOptions& o) {
                    fmt::format("epoch {} loss {:.3f}", e + 1, smooth));
       }
     }
-    const std::span<const float> hv(hidden.data() + n_train * d, size_t(n_val * d));
+    // Held-out rows: head k's top-1 on its own input (for token-input heads, the true previous token).
+    std::vector<float> xv;
+    for (int64_t r = n_train; r < n_rows; ++r) add_input(xv, r, k);
     const std::span<const int32_t> lv(labels.data() + n_train, size_t(n_val));
     int64_t right = 0, n_lab = 0;
-    std::vector<int32_t> guess;
     for (int64_t r = 0; r < n_val; ++r) {
       if (lv[size_t(r)] < 0) continue;
-      heads.propose(hv.data() + r * d, k + 1, guess);
-      right += guess.back() == heads.vocab[size_t(lv[size_t(r)])];
+      right += heads.guess(k, xv.data() + r * in) == heads.vocab[size_t(lv[size_t(r)])];
       ++n_lab;
     }
     fmt::print(stderr, "head {}: validation loss {:.3f}, top-1 accuracy {:.1f} % ({} of {} held-out tokens)\n", k,
-               trainer.loss(k, hv, lv), n_lab ? 100.0 * double(right) / double(n_lab) : 0.0, right, n_lab);
+               trainer.loss(k, xv, lv), n_lab ? 100.0 * double(right) / double(n_lab) : 0.0, right, n_lab);
   }
   heads.save(o.output, std::filesystem::path(m->path()).filename().string());
   fmt::print(stderr, "wrote {} ({} heads, {} vocabulary entries, {} training tokens)\n", o.output, o.heads,
@@ -234,7 +246,8 @@ void run_train_heads(TrainOptions& o) {
 }  // namespace
 
 void add_train_heads(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train-heads", "Train Medusa-style decoding heads for --spec heads");
+  auto* cmd = app.add_subcommand(
+      "train-heads", "Train decoding heads for --spec heads (Medusa-style, or Hydra-style with --token-input)");
   auto o = std::make_shared<TrainOptions>();
   cmd->add_option("-m,--model", o->model, "the (frozen) target model")->required();
   cmd->add_option("-f,--file", o->corpus, "training text: files or directories (repeatable)")->required();
@@ -251,6 +264,8 @@ void add_train_heads(CLI::App& app) {
                 "train on the model's own greedy continuations of each window's first tokens");
   cmd->add_flag("--parse-special", o->parse_special,
                 "the corpus's special-token texts (chat markup such as <|im_start|>) are those tokens");
+  cmd->add_flag("--token-input", o->token_input,
+                "Hydra-style heads: each also reads the embedding of the token before the one it guesses");
   cmd->add_option("--prompt-len", o->prompt_len, "with --self-distill: corpus tokens kept per window (default 32)");
   cmd->add_option("--loss-png", o->loss_png, "write the training loss curves to this PNG");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <queue>
 #include <tuple>
@@ -51,15 +52,16 @@ std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n,
   return ids;
 }
 
-DecodingHeads DecodingHeads::create(const Model& target, int n_heads, std::vector<int32_t> vocab) {
+DecodingHeads DecodingHeads::create(const Model& target, int n_heads, std::vector<int32_t> vocab, bool token_input) {
   check(n_heads >= 1 && n_heads <= 16, "the number of heads must be 1..16 (got {})", n_heads);
   check(!vocab.empty(), "the heads' vocabulary is empty");
   DecodingHeads h;
   h.n_embd = int32_t(target.config().n_embd);
   h.n_vocab = target.tokenizer().n_vocab();
+  h.token_input = token_input;
   h.vocab = std::move(vocab);
   const size_t d = size_t(h.n_embd);
-  h.w.assign(size_t(n_heads), std::vector<float>(d * d, 0.0f));
+  h.w.assign(size_t(n_heads), std::vector<float>(d * size_t(h.n_in()), 0.0f));
   h.b.assign(size_t(n_heads), std::vector<float>(d, 0.0f));
   h.init_output(target);
   return h;
@@ -71,6 +73,7 @@ void DecodingHeads::init_output(const Model& target) {
   out.assign(vocab.size() * d, 0.0f);
   for (size_t v = 0; v < vocab.size(); ++v) get_row(target.weights().output, vocab[v], out.data() + v * d);
   out_t = transpose(out, int64_t(vocab.size()), int64_t(d));
+  this->target = &target;
 }
 
 DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) {
@@ -81,6 +84,7 @@ DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) 
   h.n_embd = int32_t(f.get_int("serval-heads.n_embd"));
   h.n_vocab = int32_t(f.get_int("serval-heads.n_vocab"));
   const int64_t n_heads = f.get_int("serval-heads.count");
+  h.token_input = f.find_int("serval-heads.token_input").value_or(0) != 0;
   check(h.n_embd == target.config().n_embd, "{}: heads for hidden size {}, the model's is {}", path, h.n_embd,
         target.config().n_embd);
   check(h.n_vocab == target.tokenizer().n_vocab(), "{}: heads for a vocabulary of {} tokens, the model's has {}", path,
@@ -102,7 +106,7 @@ DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) 
   }
   const uint64_t d = uint64_t(h.n_embd);
   for (int64_t k = 0; k < n_heads; ++k) {
-    h.w.push_back(tensor("heads." + std::to_string(k) + ".weight", d * d));
+    h.w.push_back(tensor("heads." + std::to_string(k) + ".weight", d * uint64_t(h.n_in())));
     h.b.push_back(tensor("heads." + std::to_string(k) + ".bias", d));
   }
   h.init_output(target);
@@ -116,77 +120,111 @@ void DecodingHeads::save(const std::string& path, const std::string& target_name
   g.add_u32("serval-heads.count", uint32_t(n_heads()));
   g.add_u32("serval-heads.n_embd", uint32_t(n_embd));
   g.add_u32("serval-heads.n_vocab", uint32_t(n_vocab));
+  g.add_u32("serval-heads.token_input", token_input ? 1 : 0);
   std::vector<float> ids(vocab.begin(), vocab.end());  // exact below 2^24
   g.add_f32_tensor("heads.vocab", {ids.size()}, ids.data());
   const uint64_t d = uint64_t(n_embd);
   for (int k = 0; k < n_heads(); ++k) {
-    g.add_f32_tensor("heads." + std::to_string(k) + ".weight", {d, d}, w[size_t(k)].data());
+    g.add_f32_tensor("heads." + std::to_string(k) + ".weight", {uint64_t(n_in()), d}, w[size_t(k)].data());
     g.add_f32_tensor("heads." + std::to_string(k) + ".bias", {d}, b[size_t(k)].data());
   }
   g.write(path);
 }
 
-void DecodingHeads::block(int k, const float* h, float* a, float* z) const {
+void DecodingHeads::input(const float* h, int32_t token, float* x) const {
   const int64_t d = n_embd;
+  std::copy(h, h + d, x);
+  if (!token_input) return;
+  check(target != nullptr && token >= 0 && token < n_vocab, "internal: token-input heads without a token");
+  float* e = x + d;
+  get_row(target->weights().tok_embd, token, e);
+  double ss = 0;
+  for (int64_t i = 0; i < d; ++i) ss += double(e[i]) * e[i];
+  const float scale = float(1.0 / std::sqrt(ss / double(d) + 1e-6));
+  for (int64_t i = 0; i < d; ++i) e[i] *= scale;
+}
+
+void DecodingHeads::block(int k, const float* x, float* a, float* z) const {
+  const int64_t d = n_embd, in = n_in();
   for (int64_t i = 0; i < d; ++i) {
-    const float zi = cpu::dot(w[size_t(k)].data() + i * d, h, d) + b[size_t(k)][size_t(i)];
+    const float zi = cpu::dot(w[size_t(k)].data() + i * in, x, in) + b[size_t(k)][size_t(i)];
     if (z) z[i] = zi;
-    a[i] = h[i] + zi * sigmoid(zi);
+    a[i] = x[i] + zi * sigmoid(zi);
   }
 }
 
-void DecodingHeads::propose(const float* h, int n, std::vector<int32_t>& guesses) const {
+namespace {
+
+// Head k's scores over the subset for input x.
+std::vector<float> head_scores(const DecodingHeads& H, int k, const float* x) {
+  const int64_t nv = int64_t(H.vocab.size());
+  std::vector<float> a(static_cast<size_t>(H.n_embd)), scores(static_cast<size_t>(nv));
+  H.block(k, x, a.data());
+  cpu::matmul(f32_matrix(H.out.data(), nv, H.n_embd), a.data(), scores.data(), 1);
+  return scores;
+}
+
+}  // namespace
+
+int32_t DecodingHeads::guess(int k, const float* x) const {
+  const std::vector<float> scores = head_scores(*this, k, x);
+  return vocab[size_t(std::max_element(scores.begin(), scores.end()) - scores.begin())];
+}
+
+void DecodingHeads::propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses) const {
   guesses.clear();
-  const int64_t d = n_embd, nv = int64_t(vocab.size());
-  std::vector<float> a(static_cast<size_t>(d)), scores(static_cast<size_t>(nv));
-  const WeightMatrix u = f32_matrix(out.data(), nv, d);
+  std::vector<float> x(static_cast<size_t>(n_in()));
+  int32_t previous = last;
   for (int k = 0; k < std::min(n, n_heads()); ++k) {
-    block(k, h, a.data());
-    cpu::matmul(u, a.data(), scores.data(), 1);
-    guesses.push_back(vocab[size_t(std::max_element(scores.begin(), scores.end()) - scores.begin())]);
+    input(h, previous, x.data());
+    previous = guess(k, x.data());
+    guesses.push_back(previous);
   }
 }
 
-void DecodingHeads::propose_tree(const float* h, int n_nodes, int width, std::vector<int32_t>& tokens,
+void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
                                  std::vector<int32_t>& parents) const {
   tokens.clear(), parents.clear();
-  const int64_t d = n_embd, nv = int64_t(vocab.size());
+  const int64_t nv = int64_t(vocab.size());
   const int depth = std::min(n_nodes, n_heads());
   width = int(std::min<int64_t>(width, nv));
   if (depth < 1 || width < 1) return;
-  // Each head's `width` likeliest tokens (index into vocab) and their softmax probabilities.
-  std::vector<std::vector<std::pair<int32_t, float>>> top(static_cast<size_t>(depth));
-  std::vector<float> a(static_cast<size_t>(d)), scores(static_cast<size_t>(nv));
+  // Head k's `width` likeliest tokens (index into vocab) and their softmax probabilities, given the
+  // previous token: once per head for Medusa heads, once per expanded node for token-input heads.
+  std::map<std::pair<int, int32_t>, std::vector<std::pair<int32_t, float>>> memo;
+  std::vector<float> x(static_cast<size_t>(n_in()));
   std::vector<int32_t> order(static_cast<size_t>(nv));
-  const WeightMatrix u = f32_matrix(out.data(), nv, d);
-  for (int k = 0; k < depth; ++k) {
-    block(k, h, a.data());
-    cpu::matmul(u, a.data(), scores.data(), 1);
+  auto top = [&](int k, int32_t previous) -> const std::vector<std::pair<int32_t, float>>& {
+    auto [it, fresh] = memo.try_emplace({k, token_input ? previous : -1});
+    if (!fresh) return it->second;
+    input(h, previous, x.data());
+    const std::vector<float> scores = head_scores(*this, k, x.data());
     const float mx = *std::max_element(scores.begin(), scores.end());
     double sum = 0;
     for (float s : scores) sum += std::exp(double(s - mx));
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + width, order.end(), [&](int32_t x, int32_t y) {
-      return scores[size_t(x)] > scores[size_t(y)] || (scores[size_t(x)] == scores[size_t(y)] && x < y);
+    std::partial_sort(order.begin(), order.begin() + width, order.end(), [&](int32_t a, int32_t b) {
+      return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && a < b);
     });
     for (int j = 0; j < width; ++j)
-      top[size_t(k)].push_back({order[size_t(j)], float(std::exp(double(scores[size_t(order[size_t(j)])] - mx)) / sum)});
-  }
-  // Best first: a candidate is (path probability, -serial, parent, depth - 1, rank).
-  using Cand = std::tuple<double, int64_t, int32_t, int, int>;
+      it->second.push_back({order[size_t(j)], float(std::exp(double(scores[size_t(order[size_t(j)])] - mx)) / sum)});
+    return it->second;
+  };
+  // Best first: a candidate is (path probability, -serial, parent, depth - 1, token id).
+  using Cand = std::tuple<double, int64_t, int32_t, int, int32_t>;
   std::priority_queue<Cand> heap;
   int64_t serial = 0;
-  auto offer = [&](double p, int32_t parent, int k) {
+  auto offer = [&](double p, int32_t parent, int k, int32_t previous) {
     if (k < depth)
-      for (int j = 0; j < width; ++j) heap.push({p * top[size_t(k)][size_t(j)].second, -serial++, parent, k, j});
+      for (const auto& [v, q] : top(k, previous)) heap.push({p * q, -serial++, parent, k, vocab[size_t(v)]});
   };
-  offer(1.0, -1, 0);
+  offer(1.0, -1, 0, last);
   while (int(tokens.size()) < n_nodes && !heap.empty()) {
-    const auto [p, neg_serial, parent, k, j] = heap.top();
+    const auto [p, neg_serial, parent, k, token] = heap.top();
     heap.pop();
-    tokens.push_back(vocab[size_t(top[size_t(k)][size_t(j)].first)]);
+    tokens.push_back(token);
     parents.push_back(parent);
-    offer(p, int32_t(tokens.size()) - 1, k + 1);
+    offer(p, int32_t(tokens.size()) - 1, k + 1, token);
   }
 }
 
@@ -194,30 +232,30 @@ void DecodingHeads::propose_tree(const float* h, int n_nodes, int width, std::ve
 
 HeadTrainer::HeadTrainer(DecodingHeads& heads, float learning_rate) : heads_(heads), lr_(learning_rate) {
   const size_t n = size_t(heads.n_heads()), d = size_t(heads.n_embd);
-  m_w_.assign(n, std::vector<float>(d * d, 0.0f));
+  m_w_.assign(n, std::vector<float>(d * size_t(heads.n_in()), 0.0f));
   v_w_ = m_w_;
   m_b_.assign(n, std::vector<float>(d, 0.0f));
   v_b_ = m_b_;
   t_.assign(n, 0);
 }
 
-double HeadTrainer::gradients(int k, std::span<const float> h, std::span<const int32_t> labels, std::vector<float>& dw,
+double HeadTrainer::gradients(int k, std::span<const float> x, std::span<const int32_t> labels, std::vector<float>& dw,
                               std::vector<float>& db) const {
   const DecodingHeads& H = heads_;
-  const int64_t d = H.n_embd, nv = int64_t(H.vocab.size()), n = int64_t(labels.size());
-  check(int64_t(h.size()) == n * d, "internal: {} hidden values for {} rows", h.size(), n);
+  const int64_t d = H.n_embd, in = H.n_in(), nv = int64_t(H.vocab.size()), n = int64_t(labels.size());
+  check(int64_t(x.size()) == n * in, "internal: {} input values for {} rows", x.size(), n);
   const int64_t n_valid = std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; });
-  dw.assign(size_t(d * d), 0.0f);
+  dw.assign(size_t(d * in), 0.0f);
   db.assign(size_t(d), 0.0f);
   if (n_valid == 0) return 0;
-  // Forward: z = W h + b, a = h + SiLU(z), scores = U a.
+  // Forward: z = W x + b, a = h + SiLU(z) (h: x's first d values), scores = U a.
   std::vector<float> z(static_cast<size_t>(n * d)), a(static_cast<size_t>(n * d)), scores(static_cast<size_t>(n * nv));
-  cpu::matmul(f32_matrix(H.w[size_t(k)].data(), d, d), h.data(), z.data(), n);
+  cpu::matmul(f32_matrix(H.w[size_t(k)].data(), d, in), x.data(), z.data(), n);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < d; ++i) {
       float& zi = z[size_t(r * d + i)];
       zi += H.b[size_t(k)][size_t(i)];
-      a[size_t(r * d + i)] = h[size_t(r * d + i)] + zi * sigmoid(zi);
+      a[size_t(r * d + i)] = x[size_t(r * in + i)] + zi * sigmoid(zi);
     }
   cpu::matmul(f32_matrix(H.out.data(), nv, d), a.data(), scores.data(), n);
   // Softmax cross-entropy; scores become dL/dscores = (p - onehot) / n_valid (0 for unlabelled rows).
@@ -235,7 +273,7 @@ double HeadTrainer::gradients(int k, std::span<const float> h, std::span<const i
     for (int64_t v = 0; v < nv; ++v) s[v] = float(std::exp(double(s[v] - mx)) / sum / double(n_valid));
     s[labels[size_t(r)]] -= 1.0f / float(n_valid);
   }
-  // Backward: dA = G U (U^T as the weight), dZ = dA * SiLU'(z), dW = dZ^T h, db = sum dZ.
+  // Backward: dA = G U (U^T as the weight), dZ = dA * SiLU'(z), dW = dZ^T x, db = sum dZ.
   std::vector<float> dz(static_cast<size_t>(n * d));
   cpu::matmul(f32_matrix(H.out_t.data(), d, nv), scores.data(), dz.data(), n);
   for (int64_t r = 0; r < n; ++r)
@@ -244,19 +282,19 @@ double HeadTrainer::gradients(int k, std::span<const float> h, std::span<const i
       dz[size_t(r * d + i)] *= s * (1.0f + zi * (1.0f - s));
       db[size_t(i)] += dz[size_t(r * d + i)];
     }
-  // dW^T[j][i] = sum_r h[r][j] dz[r][i]: dz^T [d x n] as the weight, h^T rows as the activations.
-  const std::vector<float> dzt = transpose(dz, n, d), ht = transpose(h, n, d);
-  std::vector<float> dwt(static_cast<size_t>(d * d));
-  cpu::matmul(f32_matrix(dzt.data(), d, n), ht.data(), dwt.data(), d);
-  dw = transpose(dwt, d, d);
+  // dW^T[j][i] = sum_r x[r][j] dz[r][i]: dz^T [d x n] as the weight, x^T rows as the activations.
+  const std::vector<float> dzt = transpose(dz, n, d), xt = transpose(x, n, in);
+  std::vector<float> dwt(static_cast<size_t>(in * d));
+  cpu::matmul(f32_matrix(dzt.data(), d, n), xt.data(), dwt.data(), in);
+  dw = transpose(dwt, in, d);
   return loss / double(n_valid);
 }
 
-double HeadTrainer::loss(int k, std::span<const float> h, std::span<const int32_t> labels) const {
+double HeadTrainer::loss(int k, std::span<const float> x, std::span<const int32_t> labels) const {
   const DecodingHeads& H = heads_;
-  const int64_t d = H.n_embd, nv = int64_t(H.vocab.size()), n = int64_t(labels.size());
+  const int64_t d = H.n_embd, in = H.n_in(), nv = int64_t(H.vocab.size()), n = int64_t(labels.size());
   std::vector<float> a(static_cast<size_t>(n * d)), scores(static_cast<size_t>(n * nv));
-  for (int64_t r = 0; r < n; ++r) H.block(k, h.data() + r * d, a.data() + r * d);
+  for (int64_t r = 0; r < n; ++r) H.block(k, x.data() + r * in, a.data() + r * d);
   cpu::matmul(f32_matrix(H.out.data(), nv, d), a.data(), scores.data(), n);
   double loss = 0;
   int64_t n_valid = 0;
@@ -272,9 +310,9 @@ double HeadTrainer::loss(int k, std::span<const float> h, std::span<const int32_
   return n_valid ? loss / double(n_valid) : 0.0;
 }
 
-double HeadTrainer::step(int k, std::span<const float> h, std::span<const int32_t> labels) {
+double HeadTrainer::step(int k, std::span<const float> x, std::span<const int32_t> labels) {
   std::vector<float> dw, db;
-  const double l = gradients(k, h, labels, dw, db);
+  const double l = gradients(k, x, labels, dw, db);
   const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
   const int64_t t = ++t_[size_t(k)];
   const float c1 = 1.0f / (1.0f - std::pow(b1, float(t))), c2 = 1.0f / (1.0f - std::pow(b2, float(t)));

@@ -7,6 +7,14 @@
 // U_S is the target's own (frozen) output matrix restricted to S, a frequency-ranked subset of the
 // vocabulary, so a head costs d^2 + |S| d multiply-adds. Heads are trained by `serval train-heads`
 // (HeadTrainer below) and stored in a small GGUF file.
+//
+// Token-input heads (Hydra-style, Ankner et al. 2024) also read the token before the one they guess:
+// head k's input is x = [h ; e(t_k)], with e the RMS-normalised row of the target's token embedding,
+// t_0 the token just sampled and t_k (k > 0) head k-1's guess, so W_k is d x 2d:
+//
+//   a_k = h + SiLU(W_k x + b_k)
+//
+// Medusa's heads guess token t+2 without knowing t+1; these know it.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -20,29 +28,37 @@ class Model;
 struct DecodingHeads {
   int32_t n_embd = 0;
   int32_t n_vocab = 0;             // the target's vocabulary size (checked at load)
+  bool token_input = false;        // x = [h ; e(previous token)] (Hydra) rather than x = h (Medusa)
   std::vector<int32_t> vocab;      // S: the token ids the heads can propose
-  std::vector<std::vector<float>> w, b;  // per head: W [n_embd x n_embd] row-major (out, in), b [n_embd]
+  std::vector<std::vector<float>> w, b;  // per head: W [n_embd x n_in()] row-major (out, in), b [n_embd]
   std::vector<float> out;          // U_S [|S| x n_embd], from the target (not stored in the file)
   std::vector<float> out_t;        // U_S transposed [n_embd x |S|], for training's backward pass
+  const Model* target = nullptr;   // for the token embedding rows of token-input heads (not owned)
 
   int n_heads() const { return int(w.size()); }
+  int64_t n_in() const { return token_input ? 2 * int64_t(n_embd) : n_embd; }
   // Zero-initialised heads (a_k = h + SiLU(0) = h + 0: the head starts as the target's own head).
-  static DecodingHeads create(const Model& target, int n_heads, std::vector<int32_t> vocab);
+  static DecodingHeads create(const Model& target, int n_heads, std::vector<int32_t> vocab, bool token_input = false);
   // Loads a heads file made for `target`; throws Error naming the mismatch.
   static DecodingHeads load(const std::string& path, const Model& target);
   void save(const std::string& path, const std::string& target_name) const;
   // The target's output rows of the subset (and their transpose).
   void init_output(const Model& target);
 
-  // a = h + SiLU(W_k h + b_k); z (optional) gets W_k h + b_k.
-  void block(int k, const float* h, float* a, float* z = nullptr) const;
-  // Guesses of heads 0 .. n-1 from one hidden state.
-  void propose(const float* h, int n, std::vector<int32_t>& guesses) const;
+  // A head's input (n_in() floats): h, then for token-input heads the normalised embedding of `token`.
+  void input(const float* h, int32_t token, float* x) const;
+  // a = h + SiLU(W_k x + b_k), h being x's first n_embd values; z (optional) gets W_k x + b_k.
+  void block(int k, const float* x, float* a, float* z = nullptr) const;
+  // Head k's likeliest token (an id of the vocabulary) for input x.
+  int32_t guess(int k, const float* x) const;
+  // Guesses of heads 0 .. n-1 from one hidden state and the token it gave (`last`).
+  void propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses) const;
   // A token tree of at most n_nodes tokens (Medusa's tree, grown best first as in EAGLE-2): a token at
   // depth k + 1 is one of head k's `width` likeliest, and the tree takes the tokens whose paths have
   // the highest products of head probabilities. parents[i] is the index of token i's parent (-1: the
-  // token the hidden state predicted), parents before children.
-  void propose_tree(const float* h, int n_nodes, int width, std::vector<int32_t>& tokens,
+  // token the hidden state predicted, `last`), parents before children. A token-input head's choices
+  // depend on the parent's token, so each expanded node runs its head once.
+  void propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
                     std::vector<int32_t>& parents) const;
 };
 
@@ -54,13 +70,14 @@ std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n,
 class HeadTrainer {
  public:
   HeadTrainer(DecodingHeads& heads, float learning_rate);
-  // One step on rows h[r] (n_embd floats each) with labels[r] = index into heads.vocab, or -1 to skip.
+  // One step on input rows x[r] (n_in() floats each: DecodingHeads::input) with labels[r] = index into
+  // heads.vocab, or -1 to skip.
   // Returns the mean cross-entropy of the labelled rows (before the update); 0 if none.
-  double step(int k, std::span<const float> h, std::span<const int32_t> labels);
+  double step(int k, std::span<const float> x, std::span<const int32_t> labels);
   // Mean cross-entropy of head k without updating (validation).
-  double loss(int k, std::span<const float> h, std::span<const int32_t> labels) const;
+  double loss(int k, std::span<const float> x, std::span<const int32_t> labels) const;
   // Gradients of the mean cross-entropy with respect to W_k and b_k (for tests); returns the loss.
-  double gradients(int k, std::span<const float> h, std::span<const int32_t> labels, std::vector<float>& dw,
+  double gradients(int k, std::span<const float> x, std::span<const int32_t> labels, std::vector<float>& dw,
                    std::vector<float>& db) const;
 
  private:

@@ -232,8 +232,9 @@ void HeadsProposer::propose(std::span<Request* const> reqs, std::span<const int3
     r.cut_draft(0);
     auto it = last_.find(r.id);
     if (it == last_.end() || it->second.n_tokens != r.num_tokens()) continue;  // no hidden state for its last token
-    if (width_ > 1) heads_.propose_tree(it->second.hidden.data(), limits[i], width_, r.draft, r.draft_parents);
-    else heads_.propose(it->second.hidden.data(), limits[i], r.draft);
+    const int32_t last = r.tokens.back();  // the token that hidden state gave
+    if (width_ > 1) heads_.propose_tree(it->second.hidden.data(), last, limits[i], width_, r.draft, r.draft_parents);
+    else heads_.propose(it->second.hidden.data(), last, limits[i], r.draft);
   }
 }
 

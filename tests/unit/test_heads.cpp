@@ -1,11 +1,14 @@
 // Decoding heads: the hand-written backprop against finite differences of the loss, training that
-// lowers the loss, the GGUF round trip with its checks, and the frequency-ranked vocabulary.
+// lowers the loss, the GGUF round trip with its checks, and the frequency-ranked vocabulary; for
+// Medusa heads and for token-input (Hydra-style) heads, whose guesses are checked against a scalar
+// reference of the block computed here.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "base/error.h"
 #include "engine/heads.h"
@@ -24,21 +27,25 @@ struct Fixture {
   DecodingHeads heads;
   std::vector<float> h;
   std::vector<int32_t> labels;
-  Fixture(int rows = 12) {
+  explicit Fixture(int rows = 12, bool token_input = false) {
     std::vector<int32_t> vocab;
     for (int i = 0; i < 40; ++i) vocab.push_back(3 + 7 * i);
-    heads = DecodingHeads::create(*m, 2, vocab);
+    heads = DecodingHeads::create(*m, 2, vocab, token_input);
     std::mt19937 rng(5);
     std::normal_distribution<float> n(0.0f, 1.0f);
     for (auto& w : heads.w) for (auto& x : w) x = 0.1f * n(rng);
     for (auto& b : heads.b) for (auto& x : b) x = 0.1f * n(rng);
-    for (int i = 0; i < rows * heads.n_embd; ++i) h.push_back(n(rng));
+    for (int64_t i = 0; i < rows * heads.n_in(); ++i) h.push_back(n(rng));  // input rows (x)
     for (int r = 0; r < rows; ++r) labels.push_back(r % 5 == 4 ? -1 : int32_t(rng() % 40));
   }
 };
 
-TEST(DecodingHeads, GradientsMatchFiniteDifferences) {
-  Fixture f;
+class HeadKinds : public ::testing::TestWithParam<bool> {};  // token_input: false (Medusa), true (Hydra)
+INSTANTIATE_TEST_SUITE_P(DecodingHeads, HeadKinds, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "TokenInput" : "Medusa"; });
+
+TEST_P(HeadKinds, GradientsMatchFiniteDifferences) {
+  Fixture f(12, GetParam());
   HeadTrainer t(f.heads, 1e-3f);
   std::vector<float> dw, db;
   t.gradients(1, f.h, f.labels, dw, db);
@@ -60,8 +67,8 @@ TEST(DecodingHeads, GradientsMatchFiniteDifferences) {
   EXPECT_NEAR(t.gradients(1, f.h, f.labels, dw, db), t.loss(1, f.h, f.labels), 1e-4) << "the loss both ways";
 }
 
-TEST(DecodingHeads, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
-  Fixture f(64);
+TEST_P(HeadKinds, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
+  Fixture f(64, GetParam());
   HeadTrainer t(f.heads, 3e-3f);
   const auto other = f.heads.w[0];
   const double before = t.loss(1, f.h, f.labels);
@@ -105,7 +112,7 @@ TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
   const std::vector<double> logits = target_logits(*m, h);
   const int32_t want = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> guesses;
-  heads.propose(h.data(), 2, guesses);
+  heads.propose(h.data(), 0, 2, guesses);
   EXPECT_EQ(guesses, (std::vector<int32_t>{want, want}));
 }
 
@@ -138,7 +145,7 @@ TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
   }
   std::sort(paths.begin(), paths.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
   std::vector<int32_t> tokens, parents;
-  heads.propose_tree(h.data(), 7, 3, tokens, parents);
+  heads.propose_tree(h.data(), 0, 7, 3, tokens, parents);
   ASSERT_EQ(tokens.size(), 7u);
   for (size_t i = 0; i < tokens.size(); ++i) {
     ASSERT_LT(parents[i], int32_t(i)) << "parents come first";
@@ -146,9 +153,73 @@ TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
     for (int32_t a = int32_t(i); a >= 0; a = parents[size_t(a)]) path.insert(path.begin(), tokens[size_t(a)]);
     EXPECT_EQ(path, paths[i].second) << "token " << i << " is the path of rank " << i;
   }
-  heads.propose_tree(h.data(), 7, 1, tokens, parents);
+  heads.propose_tree(h.data(), 0, 7, 1, tokens, parents);
   EXPECT_EQ(tokens, (std::vector<int32_t>{top[0], top[0], top[0]})) << "width 1: a chain, one token per head";
   EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1}));
+}
+
+// Token-input heads, by a scalar reference in double: x = [h ; e / rms(e)] with e the token's embedding
+// row, z = W x + b, a = h + SiLU(z), and the likeliest subset token of U a; the chain feeds each guess
+// to the next head, and the tree expands each node with its own token.
+std::vector<double> reference_scores(const DecodingHeads& H, const Model& m, int k, const std::vector<float>& h,
+                                     int32_t previous) {
+  const int d = 64;
+  std::vector<float> e(64), row(64);
+  get_row(m.weights().tok_embd, previous, e.data());
+  double ss = 0;
+  for (float v : e) ss += double(v) * v;
+  std::vector<double> x(128);
+  for (int i = 0; i < d; ++i) x[size_t(i)] = h[size_t(i)], x[size_t(d + i)] = e[size_t(i)] / std::sqrt(ss / d + 1e-6);
+  std::vector<double> a(64);
+  for (int i = 0; i < d; ++i) {
+    double z = H.b[size_t(k)][size_t(i)];
+    for (int j = 0; j < 2 * d; ++j) z += double(H.w[size_t(k)][size_t(i * 2 * d + j)]) * x[size_t(j)];
+    a[size_t(i)] = h[size_t(i)] + z / (1 + std::exp(-z));
+  }
+  std::vector<double> scores;
+  for (int32_t v : H.vocab) {
+    get_row(m.weights().output, v, row.data());
+    double s = 0;
+    for (int i = 0; i < d; ++i) s += double(row[size_t(i)]) * a[size_t(i)];
+    scores.push_back(s);
+  }
+  return scores;
+}
+
+TEST(DecodingHeads, TokenInputHeadsReadThePreviousTokenInChainsAndTrees) {
+  Fixture f(1, true);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (auto& w : f.heads.w) for (auto& x : w) x = 0.5f * n(rng);  // strong enough to move the guesses
+  const std::vector<float> h = random_hidden(4, 1.0f);
+  auto best = [&](int k, int32_t previous) {
+    const auto s = reference_scores(f.heads, *f.m, k, h, previous);
+    return f.heads.vocab[size_t(std::max_element(s.begin(), s.end()) - s.begin())];
+  };
+  std::set<int32_t> seen;
+  for (int32_t last : {1, 17, 100, 300}) {
+    const int32_t g0 = best(0, last), g1 = best(1, g0);
+    seen.insert(g0);
+    std::vector<int32_t> guesses, tokens, parents;
+    f.heads.propose(h.data(), last, 2, guesses);
+    EXPECT_EQ(guesses, (std::vector<int32_t>{g0, g1})) << "last token " << last;
+    f.heads.propose_tree(h.data(), last, 2, 1, tokens, parents);
+    EXPECT_EQ(tokens, guesses) << "a width-1 tree is the chain";
+    // Width 2, 6 nodes (all paths of depth 2): each depth-1 node's children are head 1's two likeliest
+    // after that node's own token.
+    f.heads.propose_tree(h.data(), last, 6, 2, tokens, parents);
+    ASSERT_EQ(tokens.size(), 6u);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (parents[i] < 0) continue;
+      const auto s = reference_scores(f.heads, *f.m, 1, h, tokens[size_t(parents[i])]);
+      std::vector<size_t> order(s.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + 2, order.end(), [&](size_t a, size_t b) { return s[a] > s[b]; });
+      const int32_t t = tokens[i];
+      EXPECT_TRUE(t == f.heads.vocab[order[0]] || t == f.heads.vocab[order[1]]) << "node " << i;
+    }
+  }
+  EXPECT_GT(seen.size(), 1u) << "the previous token changes head 0's guess";
 }
 
 TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {
@@ -160,6 +231,13 @@ TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {
   EXPECT_EQ(back.w, f.heads.w);
   EXPECT_EQ(back.b, f.heads.b);
   EXPECT_EQ(back.out, f.heads.out);
+  EXPECT_FALSE(back.token_input);
+  Fixture t(1, true);  // token-input heads: a 64 x 128 W per head, and the flag
+  t.heads.save(path, "stories260K.gguf");
+  const DecodingHeads back_t = DecodingHeads::load(path, *t.m);
+  EXPECT_TRUE(back_t.token_input);
+  EXPECT_EQ(back_t.w, t.heads.w);
+  EXPECT_EQ(back_t.w[0].size(), 64u * 128u);
   auto other = Model::load(test::shared_path("models/TinyStories-656K-Q8_0.gguf"));
   const auto msg = [](auto&& fn) { return test::error_message(fn); };
   EXPECT_NE(msg([&] { DecodingHeads::load(path, *other); }).find("heads for hidden size 64, the model's is 128"),

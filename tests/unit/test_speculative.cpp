@@ -57,7 +57,8 @@ void expect_pool_whole(const Engine& e) {
 }
 
 // Two heads trained briefly on the model's own greedy text (enough for some guesses to be right).
-DecodingHeads train_small_heads(const Model& m) {
+// token_input: Hydra-style heads, each reading the token before the one it guesses.
+DecodingHeads train_small_heads(const Model& m, bool token_input) {
   const Outcome text = run_alone(m, m.tokenizer().encode("Once upon a time, there was a little", true), params(120, 0, 0.0f));
   std::vector<int32_t> tokens = text.tokens;
   const int64_t n = int64_t(tokens.size()), d = m.config().n_embd;
@@ -69,12 +70,17 @@ DecodingHeads train_small_heads(const Model& m) {
   m.forward_hidden(batch, kv, hidden);
   std::vector<int32_t> all(512);
   for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
-  DecodingHeads heads = DecodingHeads::create(m, 2, all);
+  DecodingHeads heads = DecodingHeads::create(m, 2, all, token_input);
   HeadTrainer trainer(heads, 3e-3f);
+  const int64_t in = heads.n_in();
   for (int k = 0; k < 2; ++k) {
     std::vector<int32_t> labels(size_t(n), -1);
-    for (int64_t i = 0; i + 2 + k < n; ++i) labels[size_t(i)] = tokens[size_t(i + 2 + k)];
-    for (int s = 0; s < 100; ++s) trainer.step(k, std::span<const float>(hidden.data(), size_t(n * d)), labels);
+    std::vector<float> x(size_t(n * in));
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + 2 + k < n) labels[size_t(i)] = tokens[size_t(i + 2 + k)];
+      heads.input(hidden.data() + i * d, tokens[size_t(std::min(i + 1 + k, n - 1))], x.data() + i * in);
+    }
+    for (int s = 0; s < 100; ++s) trainer.step(k, x, labels);
   }
   return heads;
 }
@@ -83,11 +89,13 @@ class StoriesSpec : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_ = Model::load(test::shared_path("models/stories260K.gguf")).release();
-    heads_ = new DecodingHeads(train_small_heads(*model_));
+    heads_ = new DecodingHeads(train_small_heads(*model_, false));
+    token_heads_ = new DecodingHeads(train_small_heads(*model_, true));
   }
-  static void TearDownTestSuite() { delete heads_, delete model_; }
+  static void TearDownTestSuite() { delete heads_, delete token_heads_, delete model_; }
   static Model* model_;
   static DecodingHeads* heads_;
+  static DecodingHeads* token_heads_;
   std::vector<int32_t> encode(const std::string& s) const { return model_->tokenizer().encode(s, true); }
 
   EngineConfig config(SpecMethod method, int32_t num_blocks = 256) const {
@@ -104,17 +112,20 @@ class StoriesSpec : public ::testing::Test {
     cfg.spec.tree_width = 3;  // heads propose token trees (the real-model test below runs a chain)
     return cfg;
   }
-  // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads".
+  // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads"; "token-heads" is "heads" with
+  // token-input (Hydra-style) heads.
   EngineConfig config(const std::string& name, int32_t num_blocks = 256) const {
     EngineConfig cfg = config(SpecMethod::None, num_blocks);
-    cfg.spec.set_method(name);
+    cfg.spec.set_method(name == "token-heads" ? "heads" : name);
+    if (name == "token-heads") cfg.spec.heads = token_heads_;
     return cfg;
   }
 };
 Model* StoriesSpec::model_ = nullptr;
 DecodingHeads* StoriesSpec::heads_ = nullptr;
+DecodingHeads* StoriesSpec::token_heads_ = nullptr;
 
-const std::vector<std::string> kMethods = {"ngram", "draft", "heads", "ngram+draft", "ngram+heads"};
+const std::vector<std::string> kMethods = {"ngram", "draft", "heads", "ngram+draft", "ngram+heads", "token-heads"};
 const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
                                          "The little girl went to the park", "Lily and Tom were best friends."};
 
@@ -134,7 +145,7 @@ TEST(DraftModel, TopProbabilityIsTheSoftmaxOfTheBestWithin3e4) {
 }
 
 TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
-  for (const std::string method : kMethods) {
+  for (const std::string& method : kMethods) {
     for (float temp : {0.0f, 1.0f}) {
       std::vector<std::vector<int32_t>> prompts;
       std::vector<GenerationParams> ps;
@@ -172,7 +183,7 @@ TEST_F(StoriesSpec, EveryProposerGivesThePlainTokensAloneAndConcurrently) {
 // max_tokens and at end-of-generation, and per-request draft caps (0: off).
 TEST_F(StoriesSpec, PreemptionLimitsAndPerRequestCaps) {
   std::mt19937 rng(7);
-  for (const std::string method : kMethods) {
+  for (const std::string& method : kMethods) {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<GenerationParams> ps;
     for (int i = 0; i < 24; ++i) {
