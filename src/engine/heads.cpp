@@ -11,8 +11,10 @@
 #include "base/thread_pool.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
+#include "io/ggml_types.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "tensor/quantize.h"
 
 namespace serval {
 namespace {
@@ -110,6 +112,7 @@ DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) 
     h.b.push_back(tensor("heads." + std::to_string(k) + ".bias", d));
   }
   h.init_output(target);
+  h.prepare_to_propose();
   return h;
 }
 
@@ -153,22 +156,52 @@ void DecodingHeads::block(int k, const float* x, float* a, float* z) const {
   }
 }
 
-namespace {
+struct DecodingHeads::Quantized {
+  std::vector<std::vector<uint8_t>> bytes;  // U_S, then W_0 .. W_{n-1}
+  WeightMatrix out;
+  std::vector<WeightMatrix> w;
+};
 
-// Head k's scores over the subset for input x.
-std::vector<float> head_scores(const DecodingHeads& H, int k, const float* x) {
-  const int64_t nv = int64_t(H.vocab.size());
-  std::vector<float> a(static_cast<size_t>(H.n_embd)), scores(static_cast<size_t>(nv));
-  H.block(k, x, a.data());
-  cpu::matmul(f32_matrix(H.out.data(), nv, H.n_embd), a.data(), scores.data(), 1);
-  return scores;
+void DecodingHeads::prepare_to_propose() {
+  quantized.reset();
+  if (n_embd % 32 != 0) return;
+  auto q = std::make_shared<Quantized>();
+  q->bytes.reserve(size_t(n_heads()) + 1);  // no reallocation: the matrices point into these buffers
+  auto make = [&](const std::vector<float>& m, int64_t rows, int64_t cols) {
+    const size_t rb = row_bytes(DType::Q8_0, size_t(cols));
+    std::vector<uint8_t>& bytes = q->bytes.emplace_back(size_t(rows) * rb);
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row(DType::Q8_0, m.data() + r * cols, bytes.data() + size_t(r) * rb, size_t(cols));
+    WeightMatrix wm;
+    wm.type = DType::Q8_0, wm.rows = rows, wm.cols = cols, wm.data = bytes.data(), wm.row_stride = rb;
+    cpu::prepare_weights(wm);
+    return wm;
+  };
+  q->out = make(out, int64_t(vocab.size()), n_embd);
+  for (int k = 0; k < n_heads(); ++k) q->w.push_back(make(w[size_t(k)], n_embd, n_in()));
+  quantized = std::move(q);
 }
 
-}  // namespace
+std::vector<float> DecodingHeads::scores(int k, const float* x) const {
+  const int64_t d = n_embd, nv = int64_t(vocab.size());
+  std::vector<float> a(static_cast<size_t>(d)), s(static_cast<size_t>(nv));
+  if (!quantized) {
+    block(k, x, a.data());
+    cpu::matmul(f32_matrix(out.data(), nv, d), a.data(), s.data(), 1);
+    return s;
+  }
+  cpu::matmul(quantized->w[size_t(k)], x, a.data(), 1);  // z = W_k x, then a = h + SiLU(z + b_k)
+  for (int64_t i = 0; i < d; ++i) {
+    const float zi = a[size_t(i)] + b[size_t(k)][size_t(i)];
+    a[size_t(i)] = x[i] + zi * sigmoid(zi);
+  }
+  cpu::matmul(quantized->out, a.data(), s.data(), 1);
+  return s;
+}
 
 int32_t DecodingHeads::guess(int k, const float* x) const {
-  const std::vector<float> scores = head_scores(*this, k, x);
-  return vocab[size_t(std::max_element(scores.begin(), scores.end()) - scores.begin())];
+  const std::vector<float> s = scores(k, x);
+  return vocab[size_t(std::max_element(s.begin(), s.end()) - s.begin())];
 }
 
 void DecodingHeads::propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses) const {
@@ -198,7 +231,7 @@ void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int 
     auto [it, fresh] = memo.try_emplace({k, token_input ? previous : -1});
     if (!fresh) return it->second;
     input(h, previous, x.data());
-    const std::vector<float> scores = head_scores(*this, k, x.data());
+    const std::vector<float> scores = this->scores(k, x.data());
     const float mx = *std::max_element(scores.begin(), scores.end());
     double sum = 0;
     for (float s : scores) sum += std::exp(double(s - mx));

@@ -17,6 +17,7 @@
 // Medusa's heads guess token t+2 without knowing t+1; these know it.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,11 @@ struct DecodingHeads {
   std::vector<float> out;          // U_S [|S| x n_embd], from the target (not stored in the file)
   std::vector<float> out_t;        // U_S transposed [n_embd x |S|], for training's backward pass
   const Model* target = nullptr;   // for the token embedding rows of token-input heads (not owned)
+  // Q8_0 copies of U_S and of each W_k, repacked for the GEMM, that proposing reads instead of the F32
+  // matrices (a quarter of the bytes per step); made by prepare_to_propose (load does it). Training
+  // and unprepared heads use the F32 matrices.
+  struct Quantized;
+  std::shared_ptr<const Quantized> quantized;
 
   int n_heads() const { return int(w.size()); }
   int64_t n_in() const { return token_input ? 2 * int64_t(n_embd) : n_embd; }
@@ -44,11 +50,15 @@ struct DecodingHeads {
   void save(const std::string& path, const std::string& target_name) const;
   // The target's output rows of the subset (and their transpose).
   void init_output(const Model& target);
+  // Makes `quantized` from the current F32 matrices (when n_embd is a multiple of Q8_0's 32).
+  void prepare_to_propose();
 
   // A head's input (n_in() floats): h, then for token-input heads the normalised embedding of `token`.
   void input(const float* h, int32_t token, float* x) const;
   // a = h + SiLU(W_k x + b_k), h being x's first n_embd values; z (optional) gets W_k x + b_k.
   void block(int k, const float* x, float* a, float* z = nullptr) const;
+  // Head k's scores over the subset for input x (through `quantized` when prepared).
+  std::vector<float> scores(int k, const float* x) const;
   // Head k's likeliest token (an id of the vocabulary) for input x.
   int32_t guess(int k, const float* x) const;
   // Guesses of heads 0 .. n-1 from one hidden state and the token it gave (`last`).

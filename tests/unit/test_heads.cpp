@@ -81,6 +81,44 @@ TEST_P(HeadKinds, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
   for (float g : dw) ASSERT_EQ(g, 0.0f);
 }
 
+// Proposing reads Q8_0 copies of the matrices (prepare_to_propose): the scores stay within Q8_0's
+// rounding of the F32 heads', and the guesses mostly agree.
+TEST_P(HeadKinds, PreparedHeadsScoreAsTheF32Heads) {
+  Fixture f(64, GetParam());
+  for (auto& w : f.heads.w) for (auto& x : w) x *= 5.0f;  // weights that matter
+  DecodingHeads prepared = f.heads;
+  prepared.prepare_to_propose();
+  ASSERT_NE(prepared.quantized, nullptr);
+  ASSERT_EQ(f.heads.quantized, nullptr);
+  const int64_t in = f.heads.n_in();
+  int agree = 0;
+  double err = 0, scale = 0;
+  for (int r = 0; r < 64; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const float* x = f.h.data() + r * in;
+      const std::vector<float> want = f.heads.scores(k, x), got = prepared.scores(k, x);
+      float spread = 0;
+      for (float v : want) spread = std::max(spread, std::abs(v));
+      for (size_t v = 0; v < want.size(); ++v) {
+        ASSERT_NEAR(got[v], want[v], 0.1f * spread) << "row " << r << " head " << k;  // both operands in int8
+        err += std::abs(got[v] - want[v]), scale += spread;
+      }
+      agree += prepared.guess(k, x) == f.heads.guess(k, x);
+    }
+  EXPECT_LT(err / scale, 0.01) << "mean error against the largest score";
+  EXPECT_GE(agree, 100) << "of 128 guesses";
+  // The prepared copies follow the matrices they were made from: changed weights, changed scores.
+  prepared.w[0].assign(prepared.w[0].size(), 0.0f);
+  EXPECT_NE(prepared.scores(0, f.h.data()), f.heads.scores(0, f.h.data()) ) << "before preparing again: the old copies";
+  prepared.prepare_to_propose();
+  DecodingHeads zero = f.heads;
+  zero.w[0].assign(zero.w[0].size(), 0.0f);
+  const std::vector<float> z_want = zero.scores(0, f.h.data()), z_got = prepared.scores(0, f.h.data());
+  float spread = 0;
+  for (float v : z_want) spread = std::max(spread, std::abs(v));
+  for (size_t v = 0; v < z_want.size(); ++v) EXPECT_NEAR(z_got[v], z_want[v], 0.1f * spread);
+}
+
 // A hidden state of stories260K (64 values, normal with this scale), and the target's own logits for
 // it, computed here in double from the output rows (the heads' oracle).
 std::vector<float> random_hidden(uint32_t seed, float scale) {
