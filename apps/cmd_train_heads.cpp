@@ -30,8 +30,8 @@ struct TrainOptions {
   int heads = 4, vocab = 4096, ctx = 512, epochs = 2, batch = 64, threads = 0;
   int64_t max_tokens = 32768;
   bool self_distill = false;
-  bool parse_special = false;
-  bool token_input = false;   // Hydra-style heads: each also reads the token before the one it guesses  // chat transcripts: <|im_start|> and the like are their special tokens
+  bool parse_special = false;  // chat transcripts: <|im_start|> and the like are their special tokens
+  bool token_input = false;    // Hydra-style heads: each also reads the token before the one it guesses
   int prompt_len = 32;
   float lr = 1e-3f;
   uint64_t seed = 1;
@@ -194,13 +194,11 @@ void run_train_heads(TrainOptions& o) {
   std::vector<int64_t> order(static_cast<size_t>(n_train));
   std::iota(order.begin(), order.end(), 0);
   const int64_t steps_per_epoch = (n_train + o.batch - 1) / o.batch;
-  // Row r's input for head k: its hidden state, and (token-input heads) the token 1 + k ahead, which
-  // is the one before the label (any token where the row has no label).
   const int64_t in = heads.n_in();
   auto add_input = [&](std::vector<float>& x, int64_t r, int k) {
     x.resize(x.size() + size_t(in));
-    const int64_t j = std::min(r + 1 + k, n_rows - 1);
-    heads.input(hidden.data() + r * d, tokens[size_t(j)], x.data() + x.size() - size_t(in));
+    heads.training_input(hidden.data() + r * d, std::span(tokens).first(size_t(n_rows)), r, k,
+                         x.data() + x.size() - size_t(in));
   };
   std::vector<float> h_batch;
   std::vector<int32_t> l_batch;

@@ -147,13 +147,28 @@ void DecodingHeads::input(const float* h, int32_t token, float* x) const {
   for (int64_t i = 0; i < d; ++i) e[i] *= scale;
 }
 
-void DecodingHeads::block(int k, const float* x, float* a, float* z) const {
-  const int64_t d = n_embd, in = n_in();
-  for (int64_t i = 0; i < d; ++i) {
-    const float zi = cpu::dot(w[size_t(k)].data() + i * in, x, in) + b[size_t(k)][size_t(i)];
+void DecodingHeads::training_input(const float* h_r, std::span<const int32_t> tokens, int64_t r, int k,
+                                   float* x) const {
+  input(h_r, tokens[size_t(std::min<int64_t>(r + 1 + k, int64_t(tokens.size()) - 1))], x);
+}
+
+namespace {
+
+// a holds W_k x on entry; on exit a = h + SiLU(W_k x + b_k), h being x's first values (z gets W_k x + b_k).
+void silu_residual(const std::vector<float>& bias, const float* x, float* a, float* z) {
+  for (size_t i = 0; i < bias.size(); ++i) {
+    const float zi = a[i] + bias[i];
     if (z) z[i] = zi;
     a[i] = x[i] + zi * sigmoid(zi);
   }
+}
+
+}  // namespace
+
+void DecodingHeads::block(int k, const float* x, float* a, float* z) const {
+  const int64_t d = n_embd, in = n_in();
+  for (int64_t i = 0; i < d; ++i) a[i] = cpu::dot(w[size_t(k)].data() + i * in, x, in);
+  silu_residual(b[size_t(k)], x, a, z);
 }
 
 struct DecodingHeads::Quantized {
@@ -190,11 +205,8 @@ std::vector<float> DecodingHeads::scores(int k, const float* x) const {
     cpu::matmul(f32_matrix(out.data(), nv, d), a.data(), s.data(), 1);
     return s;
   }
-  cpu::matmul(quantized->w[size_t(k)], x, a.data(), 1);  // z = W_k x, then a = h + SiLU(z + b_k)
-  for (int64_t i = 0; i < d; ++i) {
-    const float zi = a[size_t(i)] + b[size_t(k)][size_t(i)];
-    a[size_t(i)] = x[i] + zi * sigmoid(zi);
-  }
+  cpu::matmul(quantized->w[size_t(k)], x, a.data(), 1);
+  silu_residual(b[size_t(k)], x, a.data(), nullptr);
   cpu::matmul(quantized->out, a.data(), s.data(), 1);
   return s;
 }

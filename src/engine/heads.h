@@ -55,6 +55,9 @@ struct DecodingHeads {
 
   // A head's input (n_in() floats): h, then for token-input heads the normalised embedding of `token`.
   void input(const float* h, int32_t token, float* x) const;
+  // Row r's training input for head k: its hidden state h_r and the token 1 + k ahead in `tokens`,
+  // the one before head k's label (the last token where there is none: such rows carry no label).
+  void training_input(const float* h_r, std::span<const int32_t> tokens, int64_t r, int k, float* x) const;
   // a = h + SiLU(W_k x + b_k), h being x's first n_embd values; z (optional) gets W_k x + b_k.
   void block(int k, const float* x, float* a, float* z = nullptr) const;
   // Head k's scores over the subset for input x (through `quantized` when prepared).

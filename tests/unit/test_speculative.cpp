@@ -78,7 +78,7 @@ DecodingHeads train_small_heads(const Model& m, bool token_input) {
     std::vector<float> x(size_t(n * in));
     for (int64_t i = 0; i < n; ++i) {
       if (i + 2 + k < n) labels[size_t(i)] = tokens[size_t(i + 2 + k)];
-      heads.input(hidden.data() + i * d, tokens[size_t(std::min(i + 1 + k, n - 1))], x.data() + i * in);
+      heads.training_input(hidden.data() + i * d, tokens, i, k, x.data() + i * in);
     }
     for (int s = 0; s < 100; ++s) trainer.step(k, x, labels);
   }
