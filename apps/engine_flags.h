@@ -39,6 +39,8 @@ struct SpecFlags {
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
     cmd->add_option("--spec-tree-width", config.tree_width,
                     "heads: candidates per head in a token tree (default 1: one chain)");
+    cmd->add_option("--spec-heads-p-min", config.heads_p_min,
+                    "heads: a chain stops at a guess whose path probability is below this (default 0.3)");
     cmd->add_option("--draft-backoff", config.draft_backoff_max,
                     "after an empty draft the draft model skips the request for 1, 2, 4 ... steps, at most this "
                     "many (default 8; 0: never)");

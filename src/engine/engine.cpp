@@ -291,7 +291,7 @@ void Engine::propose_drafts() {
     if (r->spec_len == 0) r->spec_len = cap;
     // n accepted tokens and one more: never past max_tokens or the context.
     const int64_t room = std::min(r->params.max_tokens - r->num_output_tokens(), max_model_len_ - r->num_tokens()) - 1;
-    const int64_t limit = std::min<int64_t>({cap, proposer_->makes_trees() ? cap : r->spec_len, room});
+    const int64_t limit = std::min<int64_t>({cap, proposer_->sizes_own_drafts() ? cap : r->spec_len, room});
     if (limit < config_.spec.draft_min) continue;
     spec_reqs_.push_back(r);
     spec_limits_.push_back(int32_t(limit));

@@ -216,19 +216,28 @@ int32_t DecodingHeads::guess(int k, const float* x) const {
   return vocab[size_t(std::max_element(s.begin(), s.end()) - s.begin())];
 }
 
-void DecodingHeads::propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses) const {
+void DecodingHeads::propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses, float p_min) const {
   guesses.clear();
   std::vector<float> x(static_cast<size_t>(n_in()));
   int32_t previous = last;
+  double path = 1.0;  // the product of the heads' probabilities of their guesses so far
   for (int k = 0; k < std::min(n, n_heads()); ++k) {
     input(h, previous, x.data());
-    previous = guess(k, x.data());
+    const std::vector<float> s = scores(k, x.data());
+    const size_t best = size_t(std::max_element(s.begin(), s.end()) - s.begin());
+    if (p_min > 0) {
+      double sum = 0;
+      for (float v : s) sum += std::exp(double(v - s[best]));
+      path /= sum;  // the softmax probability of the guess: exp(0) / sum
+      if (path < double(p_min)) break;
+    }
+    previous = vocab[best];
     guesses.push_back(previous);
   }
 }
 
 void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
-                                 std::vector<int32_t>& parents) const {
+                                 std::vector<int32_t>& parents, float p_min) const {
   tokens.clear(), parents.clear();
   const int64_t nv = int64_t(vocab.size());
   const int depth = std::min(n_nodes, n_heads());
@@ -266,6 +275,7 @@ void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int 
   offer(1.0, -1, 0, last);
   while (int(tokens.size()) < n_nodes && !heap.empty()) {
     const auto [p, neg_serial, parent, k, token] = heap.top();
+    if (p < double(p_min)) break;  // the likeliest candidate left is too unlikely: so is every other
     heap.pop();
     tokens.push_back(token);
     parents.push_back(parent);

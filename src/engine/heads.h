@@ -64,15 +64,18 @@ struct DecodingHeads {
   std::vector<float> scores(int k, const float* x) const;
   // Head k's likeliest token (an id of the vocabulary) for input x.
   int32_t guess(int k, const float* x) const;
-  // Guesses of heads 0 .. n-1 from one hidden state and the token it gave (`last`).
-  void propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses) const;
+  // Guesses of heads 0 .. n-1 from one hidden state and the token it gave (`last`), stopping before
+  // the first guess whose path probability (the product of each head's softmax probability of its
+  // guess, this one included) is below p_min.
+  void propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses, float p_min = 0) const;
   // A token tree of at most n_nodes tokens (Medusa's tree, grown best first as in EAGLE-2): a token at
   // depth k + 1 is one of head k's `width` likeliest, and the tree takes the tokens whose paths have
   // the highest products of head probabilities. parents[i] is the index of token i's parent (-1: the
   // token the hidden state predicted, `last`), parents before children. A token-input head's choices
-  // depend on the parent's token, so each expanded node runs its head once.
+  // depend on the parent's token, so each expanded node runs its head once. Growth stops where the
+  // likeliest candidate's path probability is below p_min.
   void propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
-                    std::vector<int32_t>& parents) const;
+                    std::vector<int32_t>& parents, float p_min = 0) const;
 };
 
 // The most frequent `n` token ids of `tokens` (ties: the lower id), most frequent first.

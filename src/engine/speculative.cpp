@@ -39,6 +39,7 @@ void SpeculativeConfig::validate() const {
   check(!ngram_first || method == SpecMethod::Draft || method == SpecMethod::Heads,
         "prompt lookup first needs a draft model or heads behind it (ngram+draft or ngram+heads)");
   check(tree_width >= 1 && tree_width <= 64, "--spec-tree-width must be 1..64 (got {})", tree_width);
+  check(heads_p_min >= 0 && heads_p_min <= 1, "--spec-heads-p-min must be 0..1 (got {})", heads_p_min);
   check(draft_backoff_max >= 0 && draft_backoff_max <= 1024, "--draft-backoff must be 0..1024 (got {})",
         draft_backoff_max);
 }
@@ -233,8 +234,9 @@ void HeadsProposer::propose(std::span<Request* const> reqs, std::span<const int3
     auto it = last_.find(r.id);
     if (it == last_.end() || it->second.n_tokens != r.num_tokens()) continue;  // no hidden state for its last token
     const int32_t last = r.tokens.back();  // the token that hidden state gave
-    if (width_ > 1) heads_.propose_tree(it->second.hidden.data(), last, limits[i], width_, r.draft, r.draft_parents);
-    else heads_.propose(it->second.hidden.data(), last, limits[i], r.draft);
+    const float* h = it->second.hidden.data();
+    if (width_ > 1) heads_.propose_tree(h, last, limits[i], width_, r.draft, r.draft_parents, p_min_);
+    else heads_.propose(h, last, limits[i], r.draft, p_min_);
   }
 }
 
@@ -261,7 +263,7 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const M
     case SpecMethod::Heads:
       check(config.heads->n_embd == target.config().n_embd, "the heads are for hidden size {}, the model's is {}",
             config.heads->n_embd, target.config().n_embd);
-      return std::make_unique<HeadsProposer>(*config.heads, config.tree_width);
+      return std::make_unique<HeadsProposer>(*config.heads, config.tree_width, config.heads_p_min);
   }
   return nullptr;
 }

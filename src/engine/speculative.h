@@ -54,6 +54,10 @@ struct SpeculativeConfig {
   // pays only with accurate heads: each token costs verification compute, and the heads trained here
   // (about 40 % top-1) were slower with width 4 than with a chain (docs/speculative.md).
   int32_t tree_width = 1;
+  // Heads: a chain stops before the first guess whose path probability (the product of the heads'
+  // probabilities of their guesses) is below this; the heads' confidence, not the adaptive length,
+  // sets how long a chain is.
+  float heads_p_min = 0.3f;
 
   // ngram_min, or by default 1 alone and 3 in front of a draft model or heads: a match of one or two
   // tokens is a poor guess next to theirs.
@@ -91,6 +95,9 @@ class Proposer {
   // Whether proposals may be token trees (Request::draft_parents); their limit is then a number of
   // tokens, not a chain length that adapts to acceptance.
   virtual bool makes_trees() const { return false; }
+  // Whether the proposer sizes its drafts itself (a tree, or heads that stop where they are unsure):
+  // it is then given the cap, not the adaptive length (Engine::propose_drafts).
+  virtual bool sizes_own_drafts() const { return makes_trees(); }
   // After a step: `r`'s tokens now hold the accepted prefix of its draft and one more token, sampled
   // from the row whose final hidden state (n_embd floats) is `hidden` (when wants_hidden()).
   virtual void verified(const Request& /*r*/, const float* /*hidden*/) {}
@@ -123,6 +130,7 @@ class LookupFirstProposer : public Proposer {
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   bool wants_hidden() const override { return fallback_->wants_hidden(); }
   bool makes_trees() const override { return fallback_->makes_trees(); }
+  bool sizes_own_drafts() const override { return fallback_->sizes_own_drafts(); }
   void verified(const Request& r, const float* hidden) override { fallback_->verified(r, hidden); }
   void forget(const Request& r) override { fallback_->forget(r); }
   int64_t blocks_in_use() const override { return fallback_->blocks_in_use(); }
@@ -178,9 +186,11 @@ class DraftModelProposer : public Proposer {
 // (DecodingHeads::propose_tree), or one chain with width 1.
 class HeadsProposer : public Proposer {
  public:
-  HeadsProposer(const DecodingHeads& heads, int32_t tree_width) : heads_(heads), width_(tree_width) {}
+  HeadsProposer(const DecodingHeads& heads, int32_t tree_width, float p_min)
+      : heads_(heads), width_(tree_width), p_min_(p_min) {}
   bool wants_hidden() const override { return true; }
   bool makes_trees() const override { return width_ > 1; }
+  bool sizes_own_drafts() const override { return true; }
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   void verified(const Request& r, const float* hidden) override;
   void forget(const Request& r) override { last_.erase(r.id); }
@@ -192,6 +202,7 @@ class HeadsProposer : public Proposer {
   };
   const DecodingHeads& heads_;
   int32_t width_;
+  float p_min_;
   std::map<RequestId, Last> last_;
 };
 

@@ -39,6 +39,7 @@ def test_generate_with_speculation_prints_the_plain_text(flags):
     (["--spec", "ngram+heads"], "--spec ngram+heads needs a heads file (--spec ngram+heads FILE"),
     (["--model-draft", STORIES, "--draft-backoff", "-1"], "--draft-backoff must be 0..1024 (got -1)"),
     (["--spec", "ngram", "--spec-tree-width", "0"], "--spec-tree-width must be 1..64 (got 0)"),
+    (["--spec", "ngram", "--spec-heads-p-min", "2"], "--spec-heads-p-min must be 0..1 (got 2)"),
     (["--spec", "heads", MODELS / "stories260K.gguf"], "not a decoding-heads file"),
 ])
 def test_bad_speculative_flags_are_clear_errors(flags, message):

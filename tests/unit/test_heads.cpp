@@ -196,6 +196,56 @@ TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
   EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1}));
 }
 
+// With p_min, a chain stops before the first guess whose path probability (the product of each head's
+// softmax probability of its guess) is below it, and a tree stops growing where the likeliest candidate
+// left is. Zero heads give the target's distribution at every depth, computed here from the output rows.
+TEST(DecodingHeads, ChainsAndTreesStopWhereThePathProbabilityFallsBelowPMin) {
+  auto m = stories();
+  std::vector<int32_t> all(512);
+  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
+  const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
+  const std::vector<float> h = random_hidden(2, 3.0f);
+  const std::vector<double> logit = target_logits(*m, h);
+  std::vector<double> p(512);
+  const double mx = *std::max_element(logit.begin(), logit.end());
+  double z = 0;
+  for (double l : logit) z += std::exp(l - mx);
+  for (int v = 0; v < 512; ++v) p[size_t(v)] = std::exp(logit[size_t(v)] - mx) / z;
+  std::vector<double> sorted = p;
+  std::sort(sorted.rbegin(), sorted.rend());
+  const double p0 = sorted[0];
+  ASSERT_GT(p0, 0.2) << "the test needs a confident target";
+  ASSERT_LT(p0, 0.95);
+  std::vector<int32_t> guesses;
+  // Path probabilities p0, p0^2, p0^3: a cut between two of them keeps the guesses above it.
+  for (int keep = 0; keep <= 3; ++keep) {
+    const double cut = keep == 3 ? 0.5 * std::pow(p0, 3) : std::pow(p0, keep + 0.5);
+    heads.propose(h.data(), 0, 3, guesses, float(cut));
+    EXPECT_EQ(guesses.size(), size_t(keep)) << "p_min " << cut;
+  }
+  heads.propose(h.data(), 0, 3, guesses, 0.0f);
+  EXPECT_EQ(guesses.size(), 3u) << "p_min 0: every head guesses";
+  // Width 3: the tree takes paths in order of probability while they reach p_min.
+  std::vector<double> paths;
+  for (int i = 0; i < 3; ++i) {
+    paths.push_back(sorted[size_t(i)]);
+    for (int j = 0; j < 3; ++j) {
+      paths.push_back(sorted[size_t(i)] * sorted[size_t(j)]);
+      for (int l = 0; l < 3; ++l) paths.push_back(sorted[size_t(i)] * sorted[size_t(j)] * sorted[size_t(l)]);
+    }
+  }
+  std::sort(paths.rbegin(), paths.rend());
+  std::vector<int32_t> tokens, parents;
+  int cuts = 0;
+  for (int n = 1; n <= 6; ++n) {
+    if (paths[size_t(n - 1)] < 1.01 * paths[size_t(n)]) continue;  // too close a tie to cut between
+    heads.propose_tree(h.data(), 0, 12, 3, tokens, parents, float(std::sqrt(paths[size_t(n - 1)] * paths[size_t(n)])));
+    EXPECT_EQ(tokens.size(), size_t(n)) << "a cut below the path of rank " << n - 1;
+    ++cuts;
+  }
+  EXPECT_GE(cuts, 3) << "too many ties: the tree's cut was hardly tested";
+}
+
 // Token-input heads, by a scalar reference in double: x = [h ; e / rms(e)] with e the token's embedding
 // row, z = W x + b, a = h + SiLU(z), and the likeliest subset token of U a; the chain feeds each guess
 // to the next head, and the tree expands each node with its own token.

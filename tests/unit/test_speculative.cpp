@@ -111,6 +111,7 @@ class StoriesSpec : public ::testing::Test {
     cfg.spec.draft_kv_bytes = 1 << 20;
     cfg.spec.heads = heads_;
     cfg.spec.tree_width = 3;  // heads propose token trees (the real-model test below runs a chain)
+    cfg.spec.heads_p_min = 0;  // whole trees: no guess is dropped for being unsure
     return cfg;
   }
   // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads"; "token-heads" is "heads" with
@@ -236,6 +237,38 @@ TEST_F(StoriesSpec, TheDraftModelStopsAtAnUnsureGuess) {
   EXPECT_GT(proposed[0], proposed[1]) << "a threshold drops some guesses";
   EXPECT_GT(proposed[1], 0);
   EXPECT_EQ(proposed[2], 0) << "no guess is surer than probability 1 on stories260K";
+}
+
+// A heads chain is as long as the heads are sure, not as the adaptive length says: with p_min 0 every
+// head guesses at every step, even after a rejection (the adaptive length would then propose one token);
+// with p_min 1 none does; a threshold between drops some guesses. The tokens are the plain ones always.
+TEST_F(StoriesSpec, HeadsChainsAreAsLongAsTheHeadsAreSure) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& t : kTexts) prompts.push_back(encode(t));
+  const std::vector<GenerationParams> ps(prompts.size(), params(30, 1, 0.0f));
+  std::vector<Outcome> want;
+  for (size_t i = 0; i < prompts.size(); ++i) want.push_back(run_alone(*model_, prompts[i], ps[i]));
+  int64_t proposed[3];
+  const float p_mins[3] = {0.0f, 0.3f, 1.0f};
+  for (int i = 0; i < 3; ++i) {
+    EngineConfig cfg = config(SpecMethod::Heads);
+    cfg.spec.tree_width = 1;
+    cfg.spec.heads_p_min = p_mins[i];
+    Engine e(*model_, cfg);
+    const auto got = run_engine(e, prompts, ps);
+    for (size_t r = 0; r < prompts.size(); ++r) EXPECT_EQ(got[r].tokens, want[r].tokens) << "p_min " << p_mins[i];
+    const SpecStats& st = e.stats().spec;
+    proposed[i] = st.draft_tokens;
+    if (i == 0) {
+      ASSERT_FALSE(st.accepted_per_pos.empty());
+      EXPECT_LT(st.accepted_per_pos[0], st.drafts) << "some first guesses are rejected";
+      // Both heads guess at every step but the last ones of a request, where max_tokens leaves less room.
+      EXPECT_GE(st.draft_tokens, 2 * st.drafts - 2 * int64_t(prompts.size()));
+    }
+  }
+  EXPECT_GT(proposed[0], proposed[1]) << "a threshold drops some guesses";
+  EXPECT_GT(proposed[1], 0);
+  EXPECT_EQ(proposed[2], 0) << "no path is surer than probability 1";
 }
 
 // After an empty draft the draft model waits 1, 2, 4 ... steps (at most --draft-backoff) before it
