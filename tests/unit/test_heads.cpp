@@ -67,6 +67,26 @@ TEST_P(HeadKinds, GradientsMatchFiniteDifferences) {
   EXPECT_NEAR(t.gradients(1, f.h, f.labels, dw, db), t.loss(1, f.h, f.labels), 1e-4) << "the loss both ways";
 }
 
+// The block against its formula in double, a = x[:n_embd] + SiLU(W x + b) and z = W x + b, and it writes
+// n_embd values of a and z, not one more: sentinels after them stay as they were.
+TEST_P(HeadKinds, TheBlockWritesItsFormulaAndNothingPastIt) {
+  Fixture f(1, GetParam());
+  const size_t d = size_t(f.heads.n_embd), in = size_t(f.heads.n_in());
+  const float sentinel = 12345.0f;
+  std::vector<float> a(d + 4, sentinel), z(d + 4, sentinel);
+  f.heads.block(1, f.h.data(), a.data(), z.data());
+  for (size_t i = 0; i < d; ++i) {
+    double zi = f.heads.b[1][i];
+    for (size_t j = 0; j < in; ++j) zi += double(f.heads.w[1][i * in + j]) * f.h[j];
+    EXPECT_NEAR(z[i], zi, 1e-4) << "z[" << i << "]";
+    EXPECT_NEAR(a[i], f.h[i] + zi / (1 + std::exp(-zi)), 1e-4) << "a[" << i << "]";
+  }
+  for (size_t i = d; i < d + 4; ++i) {
+    EXPECT_EQ(a[i], sentinel) << "a written past n_embd at " << i;
+    EXPECT_EQ(z[i], sentinel) << "z written past n_embd at " << i;
+  }
+}
+
 TEST_P(HeadKinds, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
   Fixture f(64, GetParam());
   HeadTrainer t(f.heads, 3e-3f);
