@@ -159,13 +159,29 @@ std::vector<double> target_logits(const Model& m, const std::vector<float>& h) {
   return logits;
 }
 
+// The target's softmax over its whole vocabulary for hidden state h, in double.
+std::vector<double> target_probs(const Model& m, const std::vector<float>& h) {
+  std::vector<double> p = target_logits(m, h);
+  const double mx = *std::max_element(p.begin(), p.end());
+  double z = 0;
+  for (double& v : p) z += (v = std::exp(v - mx));
+  for (double& v : p) v /= z;
+  return p;
+}
+
+// Three heads with W = 0 and b = 0 over the whole vocabulary: each block is the identity, so every head
+// gives the target's own distribution.
+DecodingHeads zero_heads(const Model& m) {
+  std::vector<int32_t> all(512);
+  std::iota(all.begin(), all.end(), 0);
+  return DecodingHeads::create(m, 3, all);
+}
+
 TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
   // With W = 0 and b = 0 the block is the identity: every head's guess is the target's own argmax
   // over the subset.
   auto m = stories();
-  std::vector<int32_t> all(512);
-  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
-  const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
+  const DecodingHeads heads = zero_heads(*m);
   const std::vector<float> h = random_hidden(1, 1.0f);
   const std::vector<double> logits = target_logits(*m, h);
   const int32_t want = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -179,19 +195,14 @@ TEST(DecodingHeads, ZeroHeadsProposeWhatTheTargetWould) {
 // target's distribution, which the test computes itself from the output rows.
 TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
   auto m = stories();
-  std::vector<int32_t> all(512);
-  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
-  const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
+  const DecodingHeads heads = zero_heads(*m);
   const std::vector<float> h = random_hidden(2, 3.0f);
-  const std::vector<double> logit = target_logits(*m, h);
-  const double mx = *std::max_element(logit.begin(), logit.end());
-  double z = 0;
-  for (double l : logit) z += std::exp(l - mx);
+  const std::vector<double> prob = target_probs(*m, h);
   std::vector<int32_t> top(512);
   std::iota(top.begin(), top.end(), 0);
-  std::sort(top.begin(), top.end(), [&](int32_t a, int32_t b) { return logit[size_t(a)] > logit[size_t(b)]; });
+  std::sort(top.begin(), top.end(), [&](int32_t a, int32_t b) { return prob[size_t(a)] > prob[size_t(b)]; });
   top.resize(3);
-  auto p = [&](int32_t t) { return std::exp(logit[size_t(t)] - mx) / z; };
+  auto p = [&](int32_t t) { return prob[size_t(t)]; };
   // Every path of up to 3 tokens from the top 3, with its probability.
   std::vector<std::pair<double, std::vector<int32_t>>> paths;
   for (int32_t a : top) {
@@ -221,17 +232,9 @@ TEST(DecodingHeads, TheTokenTreeHoldsTheLikeliestPathsBestFirst) {
 // left is. Zero heads give the target's distribution at every depth, computed here from the output rows.
 TEST(DecodingHeads, ChainsAndTreesStopWhereThePathProbabilityFallsBelowPMin) {
   auto m = stories();
-  std::vector<int32_t> all(512);
-  for (int i = 0; i < 512; ++i) all[size_t(i)] = i;
-  const DecodingHeads heads = DecodingHeads::create(*m, 3, all);
+  const DecodingHeads heads = zero_heads(*m);
   const std::vector<float> h = random_hidden(2, 3.0f);
-  const std::vector<double> logit = target_logits(*m, h);
-  std::vector<double> p(512);
-  const double mx = *std::max_element(logit.begin(), logit.end());
-  double z = 0;
-  for (double l : logit) z += std::exp(l - mx);
-  for (int v = 0; v < 512; ++v) p[size_t(v)] = std::exp(logit[size_t(v)] - mx) / z;
-  std::vector<double> sorted = p;
+  std::vector<double> sorted = target_probs(*m, h);
   std::sort(sorted.rbegin(), sorted.rend());
   const double p0 = sorted[0];
   ASSERT_GT(p0, 0.2) << "the test needs a confident target";
