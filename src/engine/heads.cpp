@@ -217,23 +217,8 @@ int32_t DecodingHeads::guess(int k, const float* x) const {
 }
 
 void DecodingHeads::propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses, float p_min) const {
-  guesses.clear();
-  std::vector<float> x(static_cast<size_t>(n_in()));
-  int32_t previous = last;
-  double path = 1.0;  // the product of the heads' probabilities of their guesses so far
-  for (int k = 0; k < std::min(n, n_heads()); ++k) {
-    input(h, previous, x.data());
-    const std::vector<float> s = scores(k, x.data());
-    const size_t best = size_t(std::max_element(s.begin(), s.end()) - s.begin());
-    if (p_min > 0) {
-      double sum = 0;
-      for (float v : s) sum += std::exp(double(v - s[best]));
-      path /= sum;  // the softmax probability of the guess: exp(0) / sum
-      if (path < double(p_min)) break;
-    }
-    previous = vocab[best];
-    guesses.push_back(previous);
-  }
+  std::vector<int32_t> parents;  // a tree of width 1 is the chain: each guess's parent is the one before
+  propose_tree(h, last, n, 1, guesses, parents, p_min);
 }
 
 void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
