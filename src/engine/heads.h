@@ -66,7 +66,7 @@ struct DecodingHeads {
   int32_t guess(int k, const float* x) const;
   // Guesses of heads 0 .. n-1 from one hidden state and the token it gave (`last`), stopping before
   // the first guess whose path probability (the product of each head's softmax probability of its
-  // guess, this one included) is below p_min.
+  // guess, this one included) is below p_min: the token tree of width 1.
   void propose(const float* h, int32_t last, int n, std::vector<int32_t>& guesses, float p_min = 0) const;
   // A token tree of at most n_nodes tokens (Medusa's tree, grown best first as in EAGLE-2): a token at
   // depth k + 1 is one of head k's `width` likeliest, and the tree takes the tokens whose paths have
