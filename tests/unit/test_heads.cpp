@@ -87,6 +87,25 @@ TEST_P(HeadKinds, TheBlockWritesItsFormulaAndNothingPastIt) {
   }
 }
 
+// Adam's first step, with its bias correction, moves every parameter whose gradient is well above eps
+// by the learning rate against the gradient's sign (m / sqrt(v) = g / |g| at t = 1).
+TEST_P(HeadKinds, AdamsFirstStepMovesEachParameterByTheLearningRate) {
+  Fixture f(12, GetParam());
+  const float lr = 1e-3f;
+  HeadTrainer t(f.heads, lr);
+  std::vector<float> dw, db;
+  t.gradients(1, f.h, f.labels, dw, db);
+  const std::vector<float> before = f.heads.w[1];
+  t.step(1, f.h, f.labels);
+  int checked = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (std::abs(dw[i]) < 1e-5f) continue;
+    EXPECT_NEAR(before[i] - f.heads.w[1][i], dw[i] > 0 ? lr : -lr, 1e-3 * lr) << "W[" << i << "]";
+    ++checked;
+  }
+  EXPECT_GT(checked, int(before.size() / 2));
+}
+
 TEST_P(HeadKinds, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
   Fixture f(64, GetParam());
   HeadTrainer t(f.heads, 3e-3f);
