@@ -177,18 +177,19 @@ struct DecodingHeads::Quantized {
   std::vector<WeightMatrix> w;
 };
 
-void DecodingHeads::prepare_to_propose() {
+void DecodingHeads::prepare_to_propose(DType type) {
+  check(type == DType::Q4_0 || type == DType::Q8_0, "decoding heads propose from Q4_0 or Q8_0 copies");
   quantized.reset();
   if (n_embd % 32 != 0) return;
   auto q = std::make_shared<Quantized>();
   q->bytes.reserve(size_t(n_heads()) + 1);  // no reallocation: the matrices point into these buffers
   auto make = [&](const std::vector<float>& m, int64_t rows, int64_t cols) {
-    const size_t rb = row_bytes(DType::Q8_0, size_t(cols));
+    const size_t rb = row_bytes(type, size_t(cols));
     std::vector<uint8_t>& bytes = q->bytes.emplace_back(size_t(rows) * rb);
     for (int64_t r = 0; r < rows; ++r)
-      quantize_row(DType::Q8_0, m.data() + r * cols, bytes.data() + size_t(r) * rb, size_t(cols));
+      quantize_row(type, m.data() + r * cols, bytes.data() + size_t(r) * rb, size_t(cols));
     WeightMatrix wm;
-    wm.type = DType::Q8_0, wm.rows = rows, wm.cols = cols, wm.data = bytes.data(), wm.row_stride = rb;
+    wm.type = type, wm.rows = rows, wm.cols = cols, wm.data = bytes.data(), wm.row_stride = rb;
     cpu::prepare_weights(wm);
     return wm;
   };

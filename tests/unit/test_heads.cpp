@@ -120,32 +120,55 @@ TEST_P(HeadKinds, TrainingLowersTheLossAndOnlyTheTrainedHeadMoves) {
   for (float g : dw) ASSERT_EQ(g, 0.0f);
 }
 
-// Proposing reads Q8_0 copies of the matrices (prepare_to_propose): the scores stay within Q8_0's
-// rounding of the F32 heads', and the guesses mostly agree.
-TEST_P(HeadKinds, PreparedHeadsScoreAsTheF32Heads) {
-  Fixture f(64, GetParam());
-  for (auto& w : f.heads.w) for (auto& x : w) x *= 5.0f;  // weights that matter
-  DecodingHeads prepared = f.heads;
-  prepared.prepare_to_propose();
-  ASSERT_NE(prepared.quantized, nullptr);
-  ASSERT_EQ(f.heads.quantized, nullptr);
-  const int64_t in = f.heads.n_in();
-  int agree = 0;
+// Proposing reads quantized copies of the matrices (prepare_to_propose, Q4_0 by default): the scores
+// stay within the type's rounding of the F32 heads', and the guesses mostly agree. Q4_0 rounds more
+// coarsely than Q8_0 (16 levels against 256), so its error is the larger one.
+struct PreparedError {
+  double mean = 0;  // mean |error| against the largest score
+  double max = 0;   // largest |error| against the largest score
+  int agree = 0;    // guesses equal to the F32 heads' (of 128)
+};
+
+PreparedError prepared_error(const Fixture& f, const DecodingHeads& prepared) {
+  PreparedError e;
   double err = 0, scale = 0;
   for (int r = 0; r < 64; ++r)
     for (int k = 0; k < 2; ++k) {
-      const float* x = f.h.data() + r * in;
+      const float* x = f.h.data() + r * f.heads.n_in();
       const std::vector<float> want = f.heads.scores(k, x), got = prepared.scores(k, x);
       float spread = 0;
       for (float v : want) spread = std::max(spread, std::abs(v));
       for (size_t v = 0; v < want.size(); ++v) {
-        ASSERT_NEAR(got[v], want[v], 0.1f * spread) << "row " << r << " head " << k;  // both operands in int8
+        e.max = std::max(e.max, double(std::abs(got[v] - want[v]) / spread));
         err += std::abs(got[v] - want[v]), scale += spread;
       }
-      agree += prepared.guess(k, x) == f.heads.guess(k, x);
+      e.agree += prepared.guess(k, x) == f.heads.guess(k, x);
     }
-  EXPECT_LT(err / scale, 0.01) << "mean error against the largest score";
-  EXPECT_GE(agree, 100) << "of 128 guesses";
+  e.mean = err / scale;
+  return e;
+}
+
+TEST_P(HeadKinds, PreparedHeadsScoreAsTheF32Heads) {
+  Fixture f(64, GetParam());
+  for (auto& w : f.heads.w) for (auto& x : w) x *= 5.0f;  // weights that matter
+  DecodingHeads q8 = f.heads, prepared = f.heads;
+  q8.prepare_to_propose(DType::Q8_0);
+  prepared.prepare_to_propose();
+  ASSERT_NE(prepared.quantized, nullptr);
+  ASSERT_EQ(f.heads.quantized, nullptr);
+  EXPECT_THROW(DecodingHeads(f.heads).prepare_to_propose(DType::Q5_0), Error);
+  const PreparedError e8 = prepared_error(f, q8), e4 = prepared_error(f, prepared);
+  EXPECT_LT(e8.max, 0.1) << "Q8_0: largest error against the largest score";
+  EXPECT_LT(e8.mean, 0.01) << "Q8_0: mean error";
+  EXPECT_GE(e8.agree, 100) << "Q8_0: of 128 guesses";
+  // Q4_0 (the default): a step of a block's largest weight / 8 rather than / 127, on rows of only two
+  // blocks here (stories260K's 64 values), so about ten times the error and fewer guesses agreeing.
+  // On the Qwen models both copies give the same accepted tokens (docs/speculative.md).
+  EXPECT_LT(e4.mean, 0.15) << "Q4_0: mean error";
+  EXPECT_GE(e4.agree, 80) << "Q4_0: of 128 guesses";
+  EXPECT_GT(e4.mean, 4 * e8.mean) << "the default copies are Q4_0's, not Q8_0's";
+  std::printf("prepared heads: mean error Q8_0 %.4f Q4_0 %.4f, largest %.4f and %.4f, guesses agreeing %d and %d of 128\n",
+              e8.mean, e4.mean, e8.max, e4.max, e8.agree, e4.agree);
   // The prepared copies follow the matrices they were made from: changed weights, changed scores.
   prepared.w[0].assign(prepared.w[0].size(), 0.0f);
   EXPECT_NE(prepared.scores(0, f.h.data()), f.heads.scores(0, f.h.data()) ) << "before preparing again: the old copies";
@@ -155,7 +178,7 @@ TEST_P(HeadKinds, PreparedHeadsScoreAsTheF32Heads) {
   const std::vector<float> z_want = zero.scores(0, f.h.data()), z_got = prepared.scores(0, f.h.data());
   float spread = 0;
   for (float v : z_want) spread = std::max(spread, std::abs(v));
-  for (size_t v = 0; v < z_want.size(); ++v) EXPECT_NEAR(z_got[v], z_want[v], 0.1f * spread);
+  for (size_t v = 0; v < z_want.size(); ++v) EXPECT_NEAR(z_got[v], z_want[v], 0.25f * spread);
 }
 
 // A hidden state of stories260K (64 values, normal with this scale), and the target's own logits for

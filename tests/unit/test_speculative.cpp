@@ -82,7 +82,7 @@ DecodingHeads train_small_heads(const Model& m, bool token_input) {
     }
     for (int s = 0; s < 100; ++s) trainer.step(k, x, labels);
   }
-  heads.prepare_to_propose();  // as load does: the engine's heads propose from Q8_0 copies
+  heads.prepare_to_propose();  // as load does: the engine's heads propose from Q4_0 copies
   return heads;
 }
 
