@@ -6,7 +6,9 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <random>
 
 #include "base/error.h"
@@ -229,6 +231,65 @@ TEST(PackedGemm, EvenTilesCoverTheTokensInBalancedTiles) {
       EXPECT_LE(hi, max_tile);
       EXPECT_LE(hi - lo, 1) << n << " tokens in tiles of " << max_tile;
     }
+}
+
+// The /proc/self/smaps lines of the mapping that holds p ("" when none does), and the mapping's length.
+std::pair<std::string, size_t> smaps_of(const void* p) {
+  std::ifstream in("/proc/self/smaps");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::string line, found;
+  size_t length = 0;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream header(line);
+    if (header >> std::hex >> lo >> dash >> hi && dash == '-') {  // a mapping's first line
+      if (inside) break;
+      inside = a >= lo && a < hi;
+      length = hi - lo;
+    } else if (inside) {
+      found += line + "\n";
+    }
+  }
+  return {found, inside ? length : 0};
+}
+
+bool transparent_huge_pages_off() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(in, mode);
+  return mode.empty() || mode.find("[never]") != std::string::npos;
+}
+
+// Weights of 2 MiB and more lie in their own mapping, aligned to 2 MiB and open to transparent huge
+// pages; smaller ones come from aligned_alloc (64-byte aligned).
+TEST(PackedGemm, LargeWeightsAreMappedForHugePages) {
+  auto small = cpu::alloc_weights(100000);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(small.get_deleter().mapped, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.get()) % 64, 0u);
+  const size_t bytes = 3 * cpu::kHugePage + 100;
+  auto big = cpu::alloc_weights(bytes);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.get()) % cpu::kHugePage, 0u);
+  EXPECT_EQ(big.get_deleter().mapped, 3 * cpu::kHugePage + 4096) << "whole 4 KiB pages, head and tail unmapped";
+  std::memset(big.get(), 7, bytes);
+  EXPECT_EQ(big[bytes - 1], 7);
+  const auto [smaps, length] = smaps_of(big.get());
+  ASSERT_FALSE(smaps.empty());
+  EXPECT_GE(length, big.get_deleter().mapped);
+  if (transparent_huge_pages_off()) GTEST_SKIP() << "transparent huge pages are off on this machine";
+  const size_t flags = smaps.find("VmFlags:"), eligible = smaps.find("THPeligible:");
+  ASSERT_NE(flags, std::string::npos);
+  EXPECT_NE(smaps.find(" hg", flags), std::string::npos) << "advised MADV_HUGEPAGE\n" << smaps;
+  ASSERT_NE(eligible, std::string::npos);
+  EXPECT_EQ(std::stoi(smaps.substr(eligible + 12)), 1) << smaps;
+  // Packing: a Q8_0 matrix of 2048 x 1024 packs into exactly 2 MiB.
+  const auto rows = test::random_rows(DType::Q8_0, 2048, 1024, 5);
+  const auto packed = cpu::pack_weights(WeightMatrix{DType::Q8_0, 2048, 1024, rows.data(), row_bytes(DType::Q8_0, 1024)});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->q.get()) % cpu::kHugePage, 0u);
+  EXPECT_EQ(packed->q.get_deleter().mapped, cpu::kHugePage);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -120,7 +121,24 @@ void pack_group(const WeightMatrix& w, const TypeLayout& l, PackedWeights& p, in
 
 }  // namespace
 
-void AlignedFree::operator()(void* p) const { std::free(p); }
+void AlignedFree::operator()(void* p) const {
+  if (mapped == 0) std::free(p);
+  else if (p) munmap(p, mapped);
+}
+
+std::unique_ptr<uint8_t[], AlignedFree> alloc_weights(size_t bytes) {
+  if (bytes < kHugePage) return {static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), AlignedFree{}};
+  const size_t len = (bytes + 4095) / 4096 * 4096;
+  // Map 2 MiB more than needed, then unmap the head and tail around the first 2 MiB boundary.
+  void* raw = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return {nullptr, AlignedFree{}};
+  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = (base + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+  if (start > base) munmap(raw, start - base);
+  munmap(reinterpret_cast<void*>(start + len), base + kHugePage - start);  // start - base < kHugePage
+  madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);  // advice: an error leaves 4 KiB pages
+  return {reinterpret_cast<uint8_t*>(start), AlignedFree{len}};
+}
 
 size_t PackedWeights::bytes() const {
   return size_t(n_groups * n_blocks) * block_bytes() + scale.size() * 4 + neg_min.size() * 4 + sub.size() + min.size();
@@ -140,7 +158,7 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w) {
   p->rows = w.rows, p->cols = w.cols;
   p->n_groups = (w.rows + kPackRows - 1) / kPackRows, p->n_blocks = w.cols / kPackBlock, p->n_super = w.cols / unit;
   const size_t q_bytes = size_t(p->n_groups * p->n_blocks) * p->block_bytes();
-  p->q.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (q_bytes + 63) / 64 * 64)));
+  p->q = alloc_weights(q_bytes);
   check(p->q != nullptr, "out of memory packing weights");
   std::memset(p->q.get(), 0, q_bytes);
   p->scale.assign(size_t(p->n_groups * p->n_super) * kPackRows, 0.0f);
