@@ -3,13 +3,16 @@
 // level (all levels do the same float operations on exact integer sums), and batch invariance.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <random>
+#include <sstream>
 
 #include "base/error.h"
 
@@ -233,12 +236,17 @@ TEST(PackedGemm, EvenTilesCoverTheTokensInBalancedTiles) {
     }
 }
 
-// The /proc/self/smaps lines of the mapping that holds p ("" when none does), and the mapping's length.
-std::pair<std::string, size_t> smaps_of(const void* p) {
+// The /proc/self/smaps entry of the mapping that holds p: its lines ("" when none does) and its range.
+struct Smaps {
+  std::string lines;
+  uintptr_t lo = 0, hi = 0;
+};
+
+Smaps smaps_of(const void* p) {
   std::ifstream in("/proc/self/smaps");
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  std::string line, found;
-  size_t length = 0;
+  std::string line;
+  Smaps found;
   bool inside = false;
   while (std::getline(in, line)) {
     uintptr_t lo = 0, hi = 0;
@@ -247,12 +255,12 @@ std::pair<std::string, size_t> smaps_of(const void* p) {
     if (header >> std::hex >> lo >> dash >> hi && dash == '-') {  // a mapping's first line
       if (inside) break;
       inside = a >= lo && a < hi;
-      length = hi - lo;
+      if (inside) found.lo = lo, found.hi = hi;
     } else if (inside) {
-      found += line + "\n";
+      found.lines += line + "\n";
     }
   }
-  return {found, inside ? length : 0};
+  return found;
 }
 
 bool transparent_huge_pages_off() {
@@ -276,9 +284,17 @@ TEST(PackedGemm, LargeWeightsAreMappedForHugePages) {
   EXPECT_EQ(big.get_deleter().mapped, 3 * cpu::kHugePage + 4096) << "whole 4 KiB pages, head and tail unmapped";
   std::memset(big.get(), 7, bytes);
   EXPECT_EQ(big[bytes - 1], 7);
-  const auto [smaps, length] = smaps_of(big.get());
+  const Smaps m = smaps_of(big.get());
+  const std::string& smaps = m.lines;
   ASSERT_FALSE(smaps.empty());
-  EXPECT_GE(length, big.get_deleter().mapped);
+  EXPECT_LE(m.lo, reinterpret_cast<uintptr_t>(big.get()));
+  EXPECT_GE(m.hi, reinterpret_cast<uintptr_t>(big.get()) + big.get_deleter().mapped);
+  // The extra 2 MiB mapped for the alignment is given back: the page after the buffer is unmapped
+  // (madvise says ENOMEM), whatever mappings lie around it.
+  void* after = big.get() + big.get_deleter().mapped;
+  errno = 0;
+  EXPECT_EQ(madvise(after, 4096, MADV_NORMAL), -1);
+  EXPECT_EQ(errno, ENOMEM) << "the tail past the buffer is still mapped";
   if (transparent_huge_pages_off()) GTEST_SKIP() << "transparent huge pages are off on this machine";
   const size_t flags = smaps.find("VmFlags:"), eligible = smaps.find("THPeligible:");
   ASSERT_NE(flags, std::string::npos);

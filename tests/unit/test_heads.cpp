@@ -405,6 +405,17 @@ TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {
   g.add_f32_tensor("heads.0.weight", {64, 64}, w.data());
   g.write(path);
   EXPECT_NE(msg([&] { DecodingHeads::load(path, *f.m); }).find("vocabulary entry 600 is not a token id"), std::string::npos);
+  GgufWriter short_w;  // a head's weights with half the values its shape needs: refused, never read past
+  short_w.add_string("general.architecture", "serval-heads");
+  short_w.add_u32("serval-heads.count", 1), short_w.add_u32("serval-heads.n_embd", 64);
+  short_w.add_u32("serval-heads.n_vocab", 512);
+  const std::vector<float> good_ids = {3, 7};
+  short_w.add_f32_tensor("heads.vocab", {2}, good_ids.data());
+  short_w.add_f32_tensor("heads.0.weight", {64, 32}, w.data());
+  short_w.add_f32_tensor("heads.0.bias", {64}, b.data());
+  short_w.write(path);
+  EXPECT_NE(msg([&] { DecodingHeads::load(path, *f.m); }).find("tensor 'heads.0.weight' must be F32 with 4096 elements"),
+            std::string::npos);
   std::remove(path.c_str());
 }
 
