@@ -295,17 +295,17 @@ TEST(PackedGemm, LargeWeightsAreMappedForHugePages) {
   errno = 0;
   EXPECT_EQ(madvise(after, 4096, MADV_NORMAL), -1);
   EXPECT_EQ(errno, ENOMEM) << "the tail past the buffer is still mapped";
+  // Packing: a Q8_0 matrix of 2048 x 1024 packs into exactly 2 MiB.
+  const auto rows = test::random_rows(DType::Q8_0, 2048, 1024, 5);
+  const auto packed = cpu::pack_weights(WeightMatrix{DType::Q8_0, 2048, 1024, rows.data(), row_bytes(DType::Q8_0, 1024)});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->q.get()) % cpu::kHugePage, 0u);
+  EXPECT_EQ(packed->q.get_deleter().mapped, cpu::kHugePage);
   if (transparent_huge_pages_off()) GTEST_SKIP() << "transparent huge pages are off on this machine";
   const size_t flags = smaps.find("VmFlags:"), eligible = smaps.find("THPeligible:");
   ASSERT_NE(flags, std::string::npos);
   EXPECT_NE(smaps.find(" hg", flags), std::string::npos) << "advised MADV_HUGEPAGE\n" << smaps;
   ASSERT_NE(eligible, std::string::npos);
   EXPECT_EQ(std::stoi(smaps.substr(eligible + 12)), 1) << smaps;
-  // Packing: a Q8_0 matrix of 2048 x 1024 packs into exactly 2 MiB.
-  const auto rows = test::random_rows(DType::Q8_0, 2048, 1024, 5);
-  const auto packed = cpu::pack_weights(WeightMatrix{DType::Q8_0, 2048, 1024, rows.data(), row_bytes(DType::Q8_0, 1024)});
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->q.get()) % cpu::kHugePage, 0u);
-  EXPECT_EQ(packed->q.get_deleter().mapped, cpu::kHugePage);
 }
 
 }  // namespace
