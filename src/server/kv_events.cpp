@@ -84,6 +84,8 @@ void parse_kv_events_config(const std::string& text, KvEventsConfig& cfg) {
   std::string publisher = "zmq";
   str("publisher", publisher);
   check(publisher == "zmq" || publisher == "null", "--kv-events-config: publisher must be zmq or null");
+  check(!j.contains("enable_kv_cache_events") || j["enable_kv_cache_events"].is_boolean(),
+        "--kv-events-config: enable_kv_cache_events must be a boolean");
   const bool on = j.value("enable_kv_cache_events", false);
   cfg.endpoint = on && publisher == "zmq" ? "tcp://*:5557" : "";
   std::string endpoint, replay, topic;

@@ -155,7 +155,7 @@ namespace {
 void check_tools(const json& tools) {
   if (!tools.is_array() || tools.size() > 128) bad_request("'tools' must be a list of at most 128 tools", "tools");
   for (const auto& t : tools) {
-    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
+    if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") || !t["function"].is_object())
       bad_request("each tool must be {\"type\": \"function\", \"function\": {...}}", "tools");
     const json& f = t["function"];
     if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty() ||
@@ -173,7 +173,7 @@ void check_tools(const json& tools) {
 
 // The function a tool_choice object names: {"type": "function", "function": {"name": ...}}.
 std::string named_function(const json& choice) {
-  if (!choice.is_object() || choice.value("type", "") != "function" || !choice.contains("function") ||
+  if (!choice.is_object() || choice.value("type", json()) != "function" || !choice.contains("function") ||
       !choice["function"].is_object() || !choice["function"].contains("name") || !choice["function"]["name"].is_string())
     bad_request("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
                 "tool_choice");

@@ -223,3 +223,16 @@ def test_bad_endpoint_is_a_clear_error():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "KV events" in r.stderr and "bogus://x" in r.stderr
+
+
+def test_bad_config_values_are_clear_errors():
+    """--kv-events-config values of the wrong JSON type are refused naming the key (not a JSON library
+    exception): a string for the boolean switch, a string for an integer."""
+    import subprocess
+    from conftest import SERVAL
+    for config, message in [('{"enable_kv_cache_events": "yes"}', "enable_kv_cache_events must be a boolean"),
+                            ('{"buffer_steps": "10"}', "buffer_steps must be an integer")]:
+        r = subprocess.run([str(SERVAL), "serve", str(STORIES), "--port", "0", "--kv-events-config", config],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert message in r.stderr, r.stderr

@@ -125,6 +125,10 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ({"response_format": {"type": "xml"}}, "response_format", "type 'xml' is not supported"),
     ({"response_format": "json"}, "response_format", "must be an object with a string 'type'"),
     ({"tool_choice": "required"}, "tool_choice", "needs a non-empty 'tools'"),
+    # a "type" that is not a string (the fuzzer's find: it escaped as a JSON library exception)
+    ({"tools": [{"type": {"f": 1}, "function": {"name": "f"}}]}, "tools", "each tool must be"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": [1], "function": {"name": "f"}}},
+     "tool_choice", "'tool_choice' must be"),
     ({"service_tier": "flex"}, "service_tier", "'auto' or 'default'"),
     ({"modalities": ["text", "audio"]}, "modalities", "text only"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "is not supported by this server"),
