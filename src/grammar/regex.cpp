@@ -571,22 +571,24 @@ class Writer {
   }
 
   Expr write_concat(const Node& n) {
-    std::vector<std::string> parts;
+    std::vector<Expr> parts;
     std::string literal;  // a run of single characters
     for (const Node& k : n.kids) {
       if (k.kind == Node::Chars && k.chars.size() == 1 && k.chars[0].first == k.chars[0].second) {
         literal += char_text(k.chars[0].first);
         continue;
       }
-      if (!literal.empty()) parts.push_back(gbnf_literal(literal)), literal.clear();
+      if (!literal.empty()) parts.push_back({gbnf_literal(literal), 2}), literal.clear();
       if (only_empty(k)) continue;
-      parts.push_back(wrap(write(k), 1));
+      const Expr e = write(k);
+      parts.push_back({wrap(e, 1), e.level == 0 ? 2 : e.level});  // an alternation in parentheses is an atom
     }
-    if (!literal.empty()) parts.push_back(gbnf_literal(literal));
+    if (!literal.empty()) parts.push_back({gbnf_literal(literal), 2});
     if (parts.empty()) return {"\"\"", 2};
+    if (parts.size() == 1) return parts[0];  // its own level: a quantified part takes no second quantifier
     std::string out;
-    for (size_t i = 0; i < parts.size(); ++i) out += (i ? " " : "") + parts[i];
-    return {out, parts.size() == 1 ? 2 : 1};
+    for (size_t i = 0; i < parts.size(); ++i) out += (i ? " " : "") + parts[i].text;
+    return {out, 1};
   }
 
   Expr write_alt(const Node& n) {

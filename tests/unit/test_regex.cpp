@@ -56,6 +56,10 @@ const std::vector<OracleCase> kOracleCases = {
     {"a(?:b(?:c(?:d)?)?)?", "abcd", {"a", "abc", "abcd", "ad"}},
     {"[a-cx-z]{2}|q", "abcxyzq", {"ax", "zz", "q", "qq", "aq"}},
     {"\"[^\"\\\\]*\"", "\"\\a", {"\"\"", "\"a\"", "\"\\\"", "\"a"}},
+    // a group whose only non-empty part is quantified, quantified again (the grammar fuzzer's
+    // "((\x15b?){0}c?){0,3}" once became `"c"?{0,3}`, which GBNF cannot parse)
+    {"(a{0}c?){0,3}", "ac", {"", "c", "ccc", "cccc", "a"}},
+    {"((ab?){0}c+){2}", "abc", {"cc", "ccc", "c", "abcc"}},
 };
 
 std::string random_string(std::mt19937& rng, const std::string& alphabet) {
