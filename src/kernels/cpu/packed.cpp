@@ -160,7 +160,7 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w) {
   const size_t q_bytes = size_t(p->n_groups * p->n_blocks) * p->block_bytes();
   p->q = alloc_weights(q_bytes);
   check(p->q != nullptr, "out of memory packing weights");
-  std::memset(p->q.get(), 0, q_bytes);
+  if (p->q.get_deleter().mapped == 0) std::memset(p->q.get(), 0, q_bytes);  // a fresh mapping is zero already
   p->scale.assign(size_t(p->n_groups * p->n_super) * kPackRows, 0.0f);
   if (p->mins) p->neg_min.assign(p->scale.size(), 0.0f);
   const size_t n_int = size_t(p->n_groups * p->n_blocks) * kPackRows * p->halves();
