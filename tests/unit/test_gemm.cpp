@@ -17,6 +17,7 @@
 #include "base/error.h"
 
 #include "base/cpu.h"
+#include "kernels/cpu/gemm_float.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
@@ -270,8 +271,8 @@ bool transparent_huge_pages_off() {
   return mode.empty() || mode.find("[never]") != std::string::npos;
 }
 
-// Weights of 2 MiB and more lie in their own mapping, aligned to 2 MiB and open to transparent huge
-// pages; smaller ones come from aligned_alloc (64-byte aligned).
+// Weights of 2 MiB and more (quantized or float) lie in their own mapping, aligned to 2 MiB and open
+// to transparent huge pages; smaller ones come from aligned_alloc (64-byte aligned).
 TEST(PackedGemm, LargeWeightsAreMappedForHugePages) {
   auto small = cpu::alloc_weights(100000);
   ASSERT_NE(small, nullptr);
@@ -300,6 +301,11 @@ TEST(PackedGemm, LargeWeightsAreMappedForHugePages) {
   const auto packed = cpu::pack_weights(WeightMatrix{DType::Q8_0, 2048, 1024, rows.data(), row_bytes(DType::Q8_0, 1024)});
   EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->q.get()) % cpu::kHugePage, 0u);
   EXPECT_EQ(packed->q.get_deleter().mapped, cpu::kHugePage);
+  // And the float GEMM's: an F16 matrix of 1024 x 1024 is 2 MiB too.
+  const auto halves = test::random_rows(DType::F16, 1024, 1024, 6);
+  const auto packed_f16 = cpu::pack_float_weights(WeightMatrix{DType::F16, 1024, 1024, halves.data(), 2048});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed_f16->w.get()) % cpu::kHugePage, 0u);
+  EXPECT_EQ(packed_f16->w.get_deleter().mapped, cpu::kHugePage);
   if (transparent_huge_pages_off()) GTEST_SKIP() << "transparent huge pages are off on this machine";
   const size_t flags = smaps.find("VmFlags:"), eligible = smaps.find("THPeligible:");
   ASSERT_NE(flags, std::string::npos);

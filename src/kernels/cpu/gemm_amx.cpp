@@ -21,7 +21,7 @@ constexpr int kTileTokens = 16;
 
 // The calling thread's buffer for widened weights: 64-byte aligned, grown when needed.
 uint8_t* widen_buffer(size_t bytes) {
-  thread_local std::unique_ptr<uint8_t[], AlignedFree> buf;
+  thread_local std::unique_ptr<uint8_t[], WeightsDeleter> buf;
   thread_local size_t capacity = 0;
   if (capacity < bytes) {
     buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));

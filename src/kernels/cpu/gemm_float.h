@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "io/ggml_types.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/isa.h"
 
 namespace serval {
@@ -41,16 +42,13 @@ namespace cpu {
 constexpr int kFloatRows = 16;
 constexpr int kFloatKAlign = 32;
 
-struct FloatFree {
-  void operator()(void* p) const { std::free(p); }
-};
-
 struct PackedFloatWeights {
   DType source = DType::F16;  // F16 or BF16
   int64_t rows = 0, cols = 0, kpad = 0, n_groups = 0;
-  std::unique_ptr<uint16_t[], FloatFree> w;  // [group][kpad * 16], 64-byte aligned
+  std::unique_ptr<uint8_t[], WeightsDeleter> w;  // [group][kpad * 16] 16-bit values, from alloc_weights
 
-  const uint16_t* group(int64_t g) const { return w.get() + g * kpad * kFloatRows; }
+  uint16_t* values() const { return reinterpret_cast<uint16_t*>(w.get()); }
+  const uint16_t* group(int64_t g) const { return values() + g * kpad * kFloatRows; }
   size_t bytes() const { return size_t(n_groups * kpad * kFloatRows) * 2; }
 };
 

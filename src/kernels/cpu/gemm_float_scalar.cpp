@@ -43,12 +43,12 @@ std::shared_ptr<const PackedFloatWeights> pack_float_weights(const WeightMatrix&
   p->cols = w.cols;
   p->kpad = padded_cols(w.cols);
   p->n_groups = (w.rows + kFloatRows - 1) / kFloatRows;
-  const size_t bytes = (p->bytes() + 63) / 64 * 64;
-  p->w.reset(static_cast<uint16_t*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+  const size_t bytes = std::max<size_t>(p->bytes(), 64);
+  p->w = alloc_weights(bytes);  // on huge pages from 2 MiB, as the quantized weights (packed.h)
   check(p->w != nullptr, "pack_float_weights: out of memory ({} bytes)", bytes);
   const bool bf16 = w.type == DType::BF16;
   const int64_t kpad = p->kpad;
-  uint16_t* base = p->w.get();
+  uint16_t* base = p->values();
   parallel_for(p->n_groups, [&](int64_t g) {
     uint16_t* dst = base + g * kpad * kFloatRows;
     std::fill(dst, dst + kpad * kFloatRows, uint16_t(0));

@@ -45,7 +45,7 @@ constexpr int kPackBlock = 32;
 // tokens and level at 28-32 on the Qwen 0.5B and 1.5B (docs/kernels.md).
 constexpr int64_t kAmxMinTokens = 28;
 
-struct AlignedFree {
+struct WeightsDeleter {
   size_t mapped = 0;  // the length of a mapping from alloc_weights; 0: from std::aligned_alloc
   void operator()(void* p) const;
 };
@@ -54,7 +54,7 @@ struct AlignedFree {
 // an anonymous mapping that starts on a 2 MiB boundary, advised into transparent huge pages: one TLB
 // entry per 2 MiB rather than per 4 KiB of weights (0.5B decode 7-15 % faster, docs/kernels.md).
 // Where the kernel gives no huge pages (THP "never") the advice does nothing. Null when out of memory.
-std::unique_ptr<uint8_t[], AlignedFree> alloc_weights(size_t bytes);
+std::unique_ptr<uint8_t[], WeightsDeleter> alloc_weights(size_t bytes);
 constexpr size_t kHugePage = size_t(2) << 20;
 
 struct PackedWeights {
@@ -67,7 +67,7 @@ struct PackedWeights {
   int offset = 0;             // subtracted from every value (in integers)
   int sb = 1;                 // blocks per super-block
   int64_t rows = 0, cols = 0, n_groups = 0, n_blocks = 0, n_super = 0;
-  std::unique_ptr<uint8_t[], AlignedFree> q;  // [group][block][block_bytes()], 64-byte aligned
+  std::unique_ptr<uint8_t[], WeightsDeleter> q;  // [group][block][block_bytes()], 64-byte aligned
   std::vector<float> scale;                   // [group][super][16]
   std::vector<float> neg_min;                 // [group][super][16] when mins
   std::vector<int8_t> sub;                    // [group][block][halves()][16] when has_sub
