@@ -81,12 +81,16 @@ void parse_kv_events_config(const std::string& text, KvEventsConfig& cfg) {
     check(j[key].is_number_integer() && j[key].get<int64_t>() >= lo, "--kv-events-config: {} must be an integer >= {}", key, lo);
     out = j[key].get<std::remove_reference_t<decltype(out)>>();
   };
+  auto flag = [&](const char* key, bool& out) {
+    if (!j.contains(key)) return;
+    check(j[key].is_boolean(), "--kv-events-config: {} must be a boolean", key);
+    out = j[key].get<bool>();
+  };
   std::string publisher = "zmq";
   str("publisher", publisher);
   check(publisher == "zmq" || publisher == "null", "--kv-events-config: publisher must be zmq or null");
-  check(!j.contains("enable_kv_cache_events") || j["enable_kv_cache_events"].is_boolean(),
-        "--kv-events-config: enable_kv_cache_events must be a boolean");
-  const bool on = j.value("enable_kv_cache_events", false);
+  bool on = false;
+  flag("enable_kv_cache_events", on);
   cfg.endpoint = on && publisher == "zmq" ? "tcp://*:5557" : "";
   std::string endpoint, replay, topic;
   str("endpoint", endpoint);
