@@ -24,7 +24,7 @@ uint8_t* widen_buffer(size_t bytes) {
   thread_local std::unique_ptr<uint8_t[], WeightsDeleter> buf;
   thread_local size_t capacity = 0;
   if (capacity < bytes) {
-    buf.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    buf = alloc_weights(bytes);
     if (!buf) std::abort();
     capacity = bytes;
   }
