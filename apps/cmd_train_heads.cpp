@@ -32,6 +32,7 @@ struct TrainOptions {
   bool self_distill = false;
   bool parse_special = false;  // chat transcripts: <|im_start|> and the like are their special tokens
   bool token_input = false;    // Hydra-style heads: each also reads the token before the one it guesses
+  std::string labels = "model";  // what a head learns to guess: the model's own prediction, or the corpus token
   int prompt_len = 32;
   float lr = 1e-3f;
   uint64_t seed = 1;
@@ -68,29 +69,6 @@ std::vector<int32_t> corpus_tokens(const TrainOptions& o, const Tokenizer& tok) 
   check(o.self_distill || int64_t(tokens.size()) >= 2 * o.ctx, "the corpus has {} tokens; at least two windows of {} are needed",
         tokens.size(), o.ctx);
   return tokens;
-}
-
-// Final hidden states of every token, window by window (each window starts a fresh context).
-std::vector<float> hidden_states(const Model& m, std::span<const int32_t> tokens, int ctx) {
-  const int64_t d = m.config().n_embd, n_windows = int64_t(tokens.size()) / ctx;
-  std::vector<float> all(static_cast<size_t>(n_windows * ctx * d)), h;
-  KvCache kv(m.config(), ctx);
-  Batch batch(m.config().n_kv_groups());
-  for (int g = 0; g < batch.n_groups(); ++g) {
-    batch.block_tables[g].assign(1, std::vector<int32_t>(size_t(ctx)));
-    std::iota(batch.block_tables[g][0].begin(), batch.block_tables[g][0].end(), 0);
-  }
-  const auto t0 = Clock::now();
-  for (int64_t w = 0; w < n_windows; ++w) {
-    batch.tokens.clear(), batch.positions.clear(), batch.seq_ids.clear(), batch.want_logits.clear();
-    for (int g = 0; g < batch.n_groups(); ++g) batch.slots[g].clear();
-    for (int p = 0; p < ctx; ++p) batch.add(tokens[size_t(w * ctx + p)], p, 0, p, true);
-    m.forward_hidden(batch, kv, h);
-    std::copy(h.begin(), h.end(), all.begin() + w * ctx * d);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    progress("forward", w + 1, n_windows, fmt::format("{:.0f} tokens/s", double((w + 1) * ctx) / s));
-  }
-  return all;
 }
 
 // Self-distillation: each window keeps its first prompt_len corpus tokens and continues with the
@@ -160,15 +138,12 @@ void write_loss_png(const std::string& path, const std::vector<std::vector<doubl
   img.write_png(path);
 }
 
-// Labels of head k for every position: the subset index of the token 2 + k ahead in the same window.
-std::vector<int32_t> labels_for(std::span<const int32_t> tokens, const std::vector<int32_t>& index, int k, int ctx,
-                                int64_t n_rows) {
-  std::vector<int32_t> labels(static_cast<size_t>(n_rows), -1);
-  for (int64_t i = 0; i < n_rows; ++i) {
-    const int64_t j = i + 2 + k;
-    if (j / ctx == i / ctx && j < n_rows) labels[size_t(i)] = index[size_t(tokens[size_t(j)])];
-  }
-  return labels;
+// How often the model's own prediction after a token is the corpus's next token.
+void print_agreement(std::span<const int32_t> tokens, std::span<const int32_t> predicted) {
+  int64_t same = 0, n = std::min<int64_t>(int64_t(predicted.size()), int64_t(tokens.size()) - 1);
+  for (int64_t i = 0; i < n; ++i) same += predicted[size_t(i)] == tokens[size_t(i + 1)];
+  fmt::print(stderr, "the model's own prediction is the corpus's next token at {:.1f} % of {} tokens\n",
+             n > 0 ? 100.0 * double(same) / double(n) : 0.0, n);
 }
 
 void run_train_heads(TrainOptions& o) {
@@ -179,11 +154,19 @@ void run_train_heads(TrainOptions& o) {
   const int64_t d = m->config().n_embd;
   auto tokens = corpus_tokens(o, m->tokenizer());
   if (o.self_distill) tokens = self_distilled(*m, tokens, o.ctx, o.prompt_len, o.max_tokens);
-  const std::vector<float> hidden = hidden_states(*m, tokens, o.ctx);
+  std::vector<int32_t> predicted;
+  std::vector<int32_t>* model_labels = o.labels == "model" ? &predicted : nullptr;
+  const auto t0 = Clock::now();
+  const std::vector<float> hidden = corpus_states(*m, tokens, o.ctx, model_labels, [&](int64_t done, int64_t total) {
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    progress("forward", done, total, fmt::format("{:.0f} tokens/s", double(done * o.ctx) / s));
+  });
   const int64_t n_rows = int64_t(hidden.size()) / d;
-  DecodingHeads heads = DecodingHeads::create(
-      *m, o.heads, frequent_tokens(std::span(tokens).first(size_t(n_rows)), o.vocab, m->tokenizer().n_vocab()),
-      o.token_input);
+  if (model_labels) print_agreement(tokens, predicted);
+  // The subset: the most frequent of the tokens the heads learn to guess.
+  const std::span<const int32_t> guessed = model_labels ? std::span<const int32_t>(predicted) : std::span(tokens).first(size_t(n_rows));
+  DecodingHeads heads =
+      DecodingHeads::create(*m, o.heads, frequent_tokens(guessed, o.vocab, m->tokenizer().n_vocab()), o.token_input);
   std::vector<int32_t> index(static_cast<size_t>(m->tokenizer().n_vocab()), -1);
   for (size_t v = 0; v < heads.vocab.size(); ++v) index[size_t(heads.vocab[v])] = int32_t(v);
   // The last window (at least 1/20 of the rows) is held out for validation.
@@ -203,7 +186,7 @@ void run_train_heads(TrainOptions& o) {
   std::vector<float> h_batch;
   std::vector<int32_t> l_batch;
   for (int k = 0; k < o.heads; ++k) {
-    const auto labels = labels_for(tokens, index, k, o.ctx, n_rows);
+    const auto labels = head_labels(tokens, model_labels, index, k, o.ctx, n_rows);
     double smooth = 0;
     for (int e = 0; e < o.epochs; ++e) {
       std::shuffle(order.begin(), order.end(), rng);
@@ -232,8 +215,8 @@ void run_train_heads(TrainOptions& o) {
       right += heads.guess(k, xv.data() + r * in) == heads.vocab[size_t(lv[size_t(r)])];
       ++n_lab;
     }
-    fmt::print(stderr, "head {}: validation loss {:.3f}, top-1 accuracy {:.1f} % ({} of {} held-out tokens)\n", k,
-               trainer.loss(k, xv, lv), n_lab ? 100.0 * double(right) / double(n_lab) : 0.0, right, n_lab);
+    fmt::print(stderr, "head {}: validation loss {:.3f}, top-1 accuracy {:.1f} % ({} of {} held-out {} tokens)\n", k,
+               trainer.loss(k, xv, lv), n_lab ? 100.0 * double(right) / double(n_lab) : 0.0, right, n_lab, o.labels);
   }
   heads.save(o.output, std::filesystem::path(m->path()).filename().string());
   fmt::print(stderr, "wrote {} ({} heads, {} vocabulary entries, {} training tokens)\n", o.output, o.heads,
@@ -264,6 +247,10 @@ void add_train_heads(CLI::App& app) {
                 "the corpus's special-token texts (chat markup such as <|im_start|>) are those tokens");
   cmd->add_flag("--token-input", o->token_input,
                 "Hydra-style heads: each also reads the embedding of the token before the one it guesses");
+  cmd->add_option("--labels", o->labels,
+                  "what each head learns to guess: 'model' (default), the model's own greedy prediction of that "
+                  "token after the corpus text before it; 'corpus', the corpus token itself")
+      ->check(CLI::IsMember({"model", "corpus"}));
   cmd->add_option("--prompt-len", o->prompt_len, "with --self-distill: corpus tokens kept per window (default 32)");
   cmd->add_option("--loss-png", o->loss_png, "write the training loss curves to this PNG");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");

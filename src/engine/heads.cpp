@@ -14,6 +14,7 @@
 #include "io/ggml_types.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "sampling/sampler.h"
 #include "tensor/quantize.h"
 
 namespace serval {
@@ -40,6 +41,47 @@ std::vector<float> transpose(std::span<const float> in, int64_t rows, int64_t co
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
 }  // namespace
+
+std::vector<float> corpus_states(const Model& target, std::span<const int32_t> tokens, int ctx,
+                                 std::vector<int32_t>* predicted, const std::function<void(int64_t, int64_t)>& progress) {
+  check(ctx >= 1, "corpus_states: ctx must be positive (got {})", ctx);
+  const int64_t d = target.config().n_embd, n_windows = int64_t(tokens.size()) / ctx;
+  const size_t n_vocab = size_t(target.config().n_vocab);
+  std::vector<float> all(static_cast<size_t>(n_windows * ctx * d)), h, logits;
+  KvCache kv(target.config(), ctx);
+  Batch batch(target.config().n_kv_groups());
+  for (int g = 0; g < batch.n_groups(); ++g) {
+    batch.block_tables[g].assign(1, std::vector<int32_t>(size_t(ctx)));
+    std::iota(batch.block_tables[g][0].begin(), batch.block_tables[g][0].end(), 0);
+  }
+  if (predicted) predicted->clear();
+  for (int64_t w = 0; w < n_windows; ++w) {
+    batch.tokens.clear(), batch.positions.clear(), batch.seq_ids.clear(), batch.want_logits.clear();
+    for (int g = 0; g < batch.n_groups(); ++g) batch.slots[g].clear();
+    for (int p = 0; p < ctx; ++p) batch.add(tokens[size_t(w * ctx + p)], p, 0, p, true);
+    if (predicted) {
+      target.forward(batch, kv, logits, &h);
+      for (int p = 0; p < ctx; ++p)
+        predicted->push_back(argmax(std::span<const float>(logits).subspan(size_t(p) * n_vocab, n_vocab)));
+    } else {
+      target.forward_hidden(batch, kv, h);
+    }
+    std::copy(h.begin(), h.end(), all.begin() + w * ctx * d);
+    if (progress) progress(w + 1, n_windows);
+  }
+  return all;
+}
+
+std::vector<int32_t> head_labels(std::span<const int32_t> tokens, const std::vector<int32_t>* predicted,
+                                 std::span<const int32_t> index, int k, int ctx, int64_t n_rows) {
+  std::vector<int32_t> labels(static_cast<size_t>(n_rows), -1);
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t j = i + 2 + k;  // the token head k guesses
+    if (j / ctx != i / ctx || j >= n_rows) continue;
+    labels[size_t(i)] = index[size_t(predicted ? (*predicted)[size_t(j - 1)] : tokens[size_t(j)])];
+  }
+  return labels;
+}
 
 std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n, int32_t n_vocab) {
   std::vector<int64_t> count(size_t(n_vocab), 0);

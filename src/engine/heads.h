@@ -17,6 +17,7 @@
 // Medusa's heads guess token t+2 without knowing t+1; these know it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -81,6 +82,23 @@ struct DecodingHeads {
   void propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
                     std::vector<int32_t>& parents, float p_min = 0) const;
 };
+
+// Training rows of a corpus for the heads: the target's final hidden states (after the output norm) of
+// every token [n_rows, n_embd], window by window of `ctx` tokens (each window a fresh context; a partial
+// last window is left out). With `predicted`, also the target's own greedy prediction after each token
+// (the argmax of its logits over the window so far: what it would say next there). `progress` (optional)
+// hears (windows done, windows) after each window.
+std::vector<float> corpus_states(const Model& target, std::span<const int32_t> tokens, int ctx,
+                                 std::vector<int32_t>* predicted = nullptr,
+                                 const std::function<void(int64_t, int64_t)>& progress = {});
+
+// Head k's label for each of the first n_rows rows: index[] (the token's position in the heads'
+// vocabulary subset, -1 outside it) of the token 2 + k places ahead, -1 where that token is past the
+// row's window of `ctx`. With `predicted` (corpus_states), the target's own guess of that token after
+// the corpus up to the token before it, predicted[i + 1 + k]: what the heads must match for their
+// guesses to be accepted. Without it, the corpus token itself.
+std::vector<int32_t> head_labels(std::span<const int32_t> tokens, const std::vector<int32_t>* predicted,
+                                 std::span<const int32_t> index, int k, int ctx, int64_t n_rows);
 
 // The most frequent `n` token ids of `tokens` (ties: the lower id), most frequent first.
 std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n, int32_t n_vocab);

@@ -126,11 +126,18 @@ def test_train_heads_reads_chat_markup_as_special_tokens_with_parse_special(tmp_
     for flags in [[], ["--parse-special"]]:
         heads = tmp_path / f"heads{len(flags)}.gguf"
         run("train-heads", "-m", cached_model(MODEL), "-f", corpus, "-o", heads, "--heads", 1, "--vocab", 8, "-c", 64,
-            "--tokens", 256, "--epochs", 1, "-t", 2, *flags)
+            "--tokens", 256, "--epochs", 1, "-t", 2, "--labels", "corpus", *flags)
         tensor = next(t for t in GGUFReader(heads).tensors if t.name == "heads.vocab")
         vocab[bool(flags)] = {int(i) for i in tensor.data}
     assert 151644 in vocab[True] and 151645 in vocab[True]
     assert 151644 not in vocab[False] and 151645 not in vocab[False]
+
+
+def test_train_heads_rejects_an_unknown_label_source(tmp_path):
+    p = run("train-heads", "-m", STORIES, "-f", DATA / "tinystory.txt", "-o", tmp_path / "h.gguf", "--labels", "both",
+            check=False)
+    assert p.returncode != 0 and "--labels" in p.stderr and "both" in p.stderr
+    assert not (tmp_path / "h.gguf").exists()
 
 
 def test_train_heads_writes_heads_and_a_loss_png_that_generate_uses(tmp_path):
@@ -139,6 +146,9 @@ def test_train_heads_writes_heads_and_a_loss_png_that_generate_uses(tmp_path):
             "--heads", 2, "--vocab", 128, "-c", 64, "--tokens", 4096, "--self-distill", "--prompt-len", 8,
             "--loss-png", png)
     assert "head 0: validation loss" in p.stderr and "head 1: validation loss" in p.stderr
+    # By default the heads learn the model's own predictions (--labels model), and say how often those
+    # are the corpus's next token.
+    assert "held-out model tokens" in p.stderr and "the model's own prediction is the corpus's next token at" in p.stderr
     assert heads.stat().st_size > 2 * 64 * 64 * 4
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 40, "--temp", 0]

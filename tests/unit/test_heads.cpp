@@ -4,6 +4,7 @@
 // reference of the block computed here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -428,6 +429,62 @@ TEST(DecodingHeads, FrequentTokensRankByCountThenId) {
   EXPECT_EQ(frequent_tokens(t, 3, 10), (std::vector<int32_t>{5, 3, 9}));
   EXPECT_EQ(frequent_tokens(t, 5, 10), (std::vector<int32_t>{5, 3, 9, 1, 7}));
   EXPECT_EQ(frequent_tokens(t, 20, 10).size(), 10u);
+}
+
+// The oracle for corpus_states: the model run one token at a time, a fresh cache per window, and the
+// largest logit found by a plain scan (not the sampler's argmax).
+void one_token_at_a_time(const Model& m, std::span<const int32_t> window, std::vector<float>& hidden,
+                         std::vector<int32_t>& predicted) {
+  const int n = int(window.size());
+  KvCache kv(m.config(), n);
+  std::vector<float> logits, h;
+  for (int p = 0; p < n; ++p) {
+    Batch batch(m.config().n_kv_groups());
+    for (int g = 0; g < batch.n_groups(); ++g) {
+      batch.block_tables[g].assign(1, std::vector<int32_t>(size_t(n)));
+      std::iota(batch.block_tables[g][0].begin(), batch.block_tables[g][0].end(), 0);
+    }
+    batch.add(window[size_t(p)], p, 0, p, true);
+    m.forward(batch, kv, logits, &h);
+    hidden.insert(hidden.end(), h.begin(), h.end());
+    predicted.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  }
+}
+
+TEST(DecodingHeads, CorpusStatesAreThoseOfTheModelReadingEachWindowFromItsStart) {
+  auto m = stories();
+  const int ctx = 12;
+  std::vector<int32_t> tokens = m->tokenizer().encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+      "big red ball and her friend Tom.", true);
+  ASSERT_GE(tokens.size(), size_t(2 * ctx + 5));
+  tokens.resize(size_t(2 * ctx + 5));  // two windows and a partial one, which is left out
+  std::vector<int32_t> predicted = {7};  // cleared first
+  std::vector<std::pair<int64_t, int64_t>> heard;
+  const auto hidden = corpus_states(*m, tokens, ctx, &predicted, [&](int64_t w, int64_t n) { heard.emplace_back(w, n); });
+  std::vector<float> want_h;
+  std::vector<int32_t> want_p;
+  for (int w = 0; w < 2; ++w) one_token_at_a_time(*m, std::span(tokens).subspan(size_t(w * ctx), size_t(ctx)), want_h, want_p);
+  EXPECT_EQ(predicted, want_p);
+  ASSERT_EQ(hidden.size(), want_h.size());
+  for (size_t i = 0; i < hidden.size(); ++i) ASSERT_NEAR(hidden[i], want_h[i], 1e-4f * (1 + std::abs(want_h[i]))) << i;
+  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 2}}));
+  // The same states without the predictions (the output matrix is skipped).
+  EXPECT_EQ(corpus_states(*m, tokens, ctx), hidden);
+}
+
+TEST(DecodingHeads, HeadLabelsAreTheTokenTwoPlusKAheadOrTheModelsGuessOfIt) {
+  const std::vector<int32_t> tokens = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};  // two windows of 5
+  std::vector<int32_t> predicted, index(30);
+  for (int i = 0; i < 10; ++i) predicted.push_back(20 + i);
+  for (int t = 0; t < 30; ++t) index[size_t(t)] = t - 10;  // t's place in the subset
+  index[13] = index[27] = -1;                              // outside it
+  using V = std::vector<int32_t>;
+  // Head 0 at row i guesses token i + 2: the corpus's, or the model's guess of it from row i + 1.
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 0, 5, 10), (V{2, -1, 4, -1, -1, 7, 8, 9, -1, -1}));
+  EXPECT_EQ(head_labels(tokens, &predicted, index, 0, 5, 10), (V{11, 12, 13, -1, -1, 16, -1, 18, -1, -1}));
+  // Head 1 guesses token i + 3; nothing past the row's window.
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 1, 5, 10), (V{-1, 4, -1, -1, -1, 8, 9, -1, -1, -1}));
+  EXPECT_EQ(head_labels(tokens, &predicted, index, 1, 5, 10), (V{12, 13, -1, -1, -1, -1, 18, -1, -1, -1}));
 }
 
 }  // namespace
