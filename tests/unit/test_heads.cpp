@@ -454,8 +454,10 @@ void one_token_at_a_time(const Model& m, std::span<const int32_t> window, std::v
 TEST(DecodingHeads, CorpusStatesAreThoseOfTheModelReadingEachWindowFromItsStart) {
   auto m = stories();
   const int ctx = 12;
-  std::vector<int32_t> tokens = m->tokenizer().encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
-      "big red ball and her friend Tom.", true);
+  std::vector<int32_t> tokens = m->tokenizer().encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her big "
+      "red ball and her friend Tom.",
+      true);
   ASSERT_GE(tokens.size(), size_t(2 * ctx + 5));
   tokens.resize(size_t(2 * ctx + 5));  // two windows and a partial one, which is left out
   std::vector<int32_t> predicted = {7};  // cleared first
@@ -463,7 +465,8 @@ TEST(DecodingHeads, CorpusStatesAreThoseOfTheModelReadingEachWindowFromItsStart)
   const auto hidden = corpus_states(*m, tokens, ctx, &predicted, [&](int64_t w, int64_t n) { heard.emplace_back(w, n); });
   std::vector<float> want_h;
   std::vector<int32_t> want_p;
-  for (int w = 0; w < 2; ++w) one_token_at_a_time(*m, std::span(tokens).subspan(size_t(w * ctx), size_t(ctx)), want_h, want_p);
+  for (int w = 0; w < 2; ++w)
+    one_token_at_a_time(*m, std::span(tokens).subspan(size_t(w * ctx), size_t(ctx)), want_h, want_p);
   EXPECT_EQ(predicted, want_p);
   ASSERT_EQ(hidden.size(), want_h.size());
   for (size_t i = 0; i < hidden.size(); ++i) ASSERT_NEAR(hidden[i], want_h[i], 1e-4f * (1 + std::abs(want_h[i]))) << i;
