@@ -1,7 +1,9 @@
 // The packed GEMM with AVX2 (no VNNI): each group's 16 rows as two vectors of 8, 4-byte products
-// summed with VPMADDUBSW + VPMADDWD. Values of up to 6 bits cannot saturate the 16-bit pair sums;
-// 8-bit values (offset 128, Q8_0) are multiplied as signed values with the sign moved onto the
-// activation, which gives the same integer S - 128 * sum(x). Compiled with this level's flags only.
+// summed with VPMADDUBSW + VPMADDWD. The 16-bit pair sums of several VPMADDUBSW are added in 16 bits
+// before one VPMADDWD widens them (kChain below), so that most of a block's multiplies are products,
+// not widenings. 8-bit values (offset 128, Q8_0) are multiplied as signed values with the sign moved
+// onto the activation, which gives the same integer S - 128 * sum(x). Compiled with this level's
+// flags only.
 #include <immintrin.h>
 
 #include <cstdlib>
@@ -20,16 +22,14 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// 8 rows' sums of 4 products: unsigned weights (<= 6 bits, or signed when kSigned) times activations.
-template <bool kSigned>
-inline __m256i dot4(__m256i w, __m256i x) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (kSigned) {
-    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));  // u - 128 as int8
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q)), ones);
-  }
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
-}
+// How many VPMADDUBSW results (16-bit pair sums of 4 products: unsigned weights times activations, or
+// |u - 128| times sign-moved activations for Q8_0) are added in 16 bits before VPMADDWD widens them.
+// Activations are at most 127 in magnitude (128 is allowed for here), so one result is at most
+// 2 * max(u) * 128: 4-bit values 3840 (8 add up to 30720), 5-bit 7936 (4: 31744), 6-bit 16128
+// (2: 32256), all below 32768; signed 8-bit products reach 32512 alone. The integer sums are exact, so
+// the chains do not change a bit.
+template <bool kNib, bool kPlane, bool kSigned>
+constexpr int kChain = kSigned ? 1 : !kNib ? 2 : kPlane ? 4 : 8;
 
 // 32 bits of a bit plane as 32 bytes: 0x10 where the bit is set, 0 elsewhere.
 inline __m256i plane_bits(const uint8_t* p) {
@@ -42,33 +42,71 @@ inline __m256i plane_bits(const uint8_t* p) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-template <bool kNib, bool kPlane>
-inline void load_half(const uint8_t* blk, int h, __m256i* v) {
-  if constexpr (kNib) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * h));
-      v[j] = _mm256_and_si256(raw, low4);
-      v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-    }
-    if constexpr (kPlane)
-      for (int k4 = 0; k4 < 8; ++k4) v[k4] = _mm256_or_si256(v[k4], plane_bits(blk + 256 + 8 * k4 + 4 * h));
-  } else {
-    for (int j = 0; j < 8; ++j) v[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * j + 32 * h));
-  }
-}
-
 // 8 rows' int8 sub-scales or mins as int32, and a (lo, hi) int16 pair per row for VPMADDWD.
 inline __m256i widen8(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
 inline __m256i pair16(__m256i lo, __m256i hi) {
   return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
 }
 
-template <bool kSigned>
-inline __m256i dot16(const __m256i* v, const int8_t* xq) {
-  __m256i s = dot4<kSigned>(v[0], bcast4(xq));
-  for (int k = 1; k < 4; ++k) s = _mm256_add_epi32(s, dot4<kSigned>(v[k], bcast4(xq + 4 * k)));
-  return s;
+// Step k4 (values 4*k4 .. 4*k4+3 of each row) of half h of a block: one vector of 8 rows' 4 values.
+template <bool kNib, bool kPlane>
+inline __m256i load_step(const uint8_t* blk, int h, int k4) {
+  const __m256i raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * (kNib ? k4 % 4 : k4) + 32 * h));
+  if constexpr (!kNib) return raw;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256i v = _mm256_and_si256(k4 < 4 ? raw : _mm256_srli_epi16(raw, 4), low4);
+  if constexpr (kPlane) v = _mm256_or_si256(v, plane_bits(blk + 256 + 8 * k4 + 4 * h));
+  return v;
+}
+
+// For each of the NT tokens from t0, adds to s32[t] the 8 rows' int32 sums of the products of steps
+// [K0, K1) of block b (4 values each) with the token's activations. Steps run outermost: each step's
+// weights are unpacked once and used for every token of the tile, whose 16-bit chains (kChain) and sums
+// stay in registers, so no unpacked block is held.
+template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned>
+inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
+  constexpr int C = kChain<kNib, kPlane, kSigned>;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int c = K0; c < K1; c += C) {
+    __m256i s16[NT];
+    for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();  // folded into the first add
+    for (int k = c; k < c + C && k < K1; ++k) {
+      const __m256i v = load_step<kNib, kPlane>(blk, h, k);
+      __m256i u = v, q = v;  // unsigned weights; signed: |u - 128|, with the sign moved onto x
+      if constexpr (kSigned) {
+        q = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
+        u = _mm256_abs_epi8(q);
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+        __m256i xb = bcast4(x.row(t0 + t) + b * kPackBlock + 4 * k);
+        if constexpr (kSigned) xb = _mm256_sign_epi8(xb, q);
+        s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(u, xb));
+      }
+    }
+    for (int t = 0; t < NT; ++t) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(s16[t], ones));
+  }
+}
+
+// Per token, -offset * sum(x) over block b: the start of S - offset * sum(x) (0 for Q8_0, whose signed
+// products already are it).
+template <int NT, bool kSigned>
+inline void start_sums(const PackedWeights& w, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
+  for (int t = 0; t < NT; ++t) {
+    const int32_t* xs = x.sums.data() + ((t0 + t) * w.n_blocks + b) * 2;
+    s32[t] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(-w.offset * (xs[0] + xs[1]));
+  }
+}
+
+// A tile's NT x 8 results into y (rows past the matrix's end are not written).
+template <int NT>
+inline void store_half(const PackedWeights& w, int64_t g, int h, int64_t t0, const __m256* acc, float* y) {
+  const int64_t r0 = g * kPackRows + 8 * h;
+  for (int t = 0; t < NT; ++t) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[t]);
+    for (int r = 0; r < 8 && r0 + r < w.rows; ++r) y[(t0 + t) * w.rows + r0 + r] = out[r];
+  }
 }
 
 // One half (8 rows) of a group; kSub as in gemm_avx512.cpp. kSigned: 8-bit values (Q8_0), whose
@@ -83,30 +121,31 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
     __m256i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
-      __m256i v[8];
-      if (h == 0) prefetch_ahead<kNib, kPlane>(w.block(g, b));  // the second half finds the lines in cache
-      load_half<kNib, kPlane>(w.block(g, b), h, v);
-      __m256i slo = _mm256_setzero_si256(), shi = slo, offp = slo;
-      if constexpr (kSub >= 1) slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
+      const uint8_t* blk = w.block(g, b);
+      if (h == 0) prefetch_ahead<kNib, kPlane>(blk);  // the second half finds the lines in cache
       if constexpr (kSub == 2) {
-        shi = widen8(w.sub.data() + w.int_index(g, b) + kPackRows + 8 * h);
+        const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
+        const __m256i shi = widen8(w.sub.data() + w.int_index(g, b) + kPackRows + 8 * h);
+        __m256i lo[NT], hi[NT];
+        for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_si256();
+        add_steps<NT, 0, 4, kNib, kPlane, kSigned>(blk, h, x, t0, b, lo);
+        for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(slo, lo[t]));
+        add_steps<NT, 4, 8, kNib, kPlane, kSigned>(blk, h, x, t0, b, hi);
         const __m256i neg_off = _mm256_set1_epi32(-w.offset);
-        offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
-      }
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* xq = x.row(t0 + t) + b * kPackBlock;
-        if constexpr (kSub == 2) {
-          const __m256i lo = dot16<kSigned>(v, xq), hi = dot16<kSigned>(v + 4, xq + 16);
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_mullo_epi32(slo, lo), _mm256_mullo_epi32(shi, hi)));
+        const __m256i offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
+        for (int t = 0; t < NT; ++t) {
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(shi, hi[t]));
           isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(offp, _mm256_set1_epi32(pairs[t * nb + b])));
-        } else {
-          __m256i sum = _mm256_add_epi32(dot16<kSigned>(v, xq), dot16<kSigned>(v + 4, xq + 16));
-          if constexpr (!kSigned) {
-            const int32_t* xs = x.sums.data() + ((t0 + t) * nb + b) * 2;
-            sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(w.offset * (xs[0] + xs[1])));
-          }
-          isum[t] = _mm256_add_epi32(isum[t], kSub == 1 ? _mm256_mullo_epi32(slo, sum) : sum);
         }
+      } else {
+        __m256i sum[NT];
+        start_sums<NT, kSigned>(w, x, t0, b, sum);
+        add_steps<NT, 0, 8, kNib, kPlane, kSigned>(blk, h, x, t0, b, sum);
+        if constexpr (kSub == 1) {
+          const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
+          for (int t = 0; t < NT; ++t) sum[t] = _mm256_mullo_epi32(slo, sum[t]);
+        }
+        for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], sum[t]);
       }
     }
     const size_t f = w.super_index(g, sup) + 8 * h;
@@ -131,26 +170,59 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
       }
     }
   }
-  const int64_t r0 = g * kPackRows + 8 * h;
-  for (int t = 0; t < NT; ++t) {
-    float out[8];
-    _mm256_storeu_ps(out, acc[t]);
-    for (int r = 0; r < 8 && r0 + r < w.rows; ++r) y[(t0 + t) * w.rows + r0 + r] = out[r];
-  }
+  store_half<NT>(w, g, h, t0, acc, y);
 }
 
-template <bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned = false>
+// Types of one block per scale and no sub-scales or mins (Q4_0, Q5_0, Q8_0, IQ4_NL): each block's sum
+// goes straight into the float accumulator, so no integer sums stay live across blocks. The integer
+// sum per (row, token, block) is S - offset * sum(x), as in tile_half, and the float steps are the
+// same: the same bits.
+template <int NT, bool kNib, bool kPlane, bool kSigned>
+void tile_half_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const int64_t nb = w.n_blocks;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w.block(g, b);
+    if (h == 0) prefetch_ahead<kNib, kPlane>(blk);
+    __m256i sum[NT];
+    start_sums<NT, kSigned>(w, x, t0, b, sum);
+    add_steps<NT, 0, 8, kNib, kPlane, kSigned>(blk, h, x, t0, b, sum);
+    const __m256 sc = _mm256_loadu_ps(w.scale.data() + w.super_index(g, b) + 8 * h);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+    }
+  }
+  store_half<NT>(w, g, h, t0, acc, y);
+}
+
+using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int, int64_t, float*);
+
+// Every row group [g0, g1), half by half, by tokens [t0, t1) in even tiles (tiles[n]: n tokens).
+void run_tiles(const TileFn (&tiles)[kMaxTile + 1], const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1,
+               int64_t t0, int64_t t1, float* y) {
+  for (int64_t g = g0; g < g1; ++g)
+    for (int h = 0; h < 2; ++h) {
+      if (g * kPackRows + 8 * h >= w.rows) break;
+      for_even_tiles(t0, t1, kMaxTile, [&](int64_t t, int64_t n) { tiles[n](w, x, g, h, t, y); });
+    }
+}
+
+template <bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  using TileFn = void (*)(const PackedWeights&, const PackedActs&, int64_t, int, int64_t, float*);
   static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSub, kMins, kSigned>,
                                                   tile_half<2, kNib, kPlane, kSub, kMins, kSigned>,
                                                   tile_half<3, kNib, kPlane, kSub, kMins, kSigned>,
                                                   tile_half<4, kNib, kPlane, kSub, kMins, kSigned>};
-  for (int64_t g = g0; g < g1; ++g)
-    for (int h = 0; h < 2; ++h) {
-      if (g * kPackRows + 8 * h >= w.rows) break;
-      for_even_tiles(t0, t1, kMaxTile, [&](int64_t t, int64_t n) { kTiles[n](w, x, g, h, t, y); });
-    }
+  if constexpr (kSub == 0 && !kMins) {
+    static constexpr TileFn kOneBlock[kMaxTile + 1] = {nullptr, tile_half_one_block<1, kNib, kPlane, kSigned>,
+                                                       tile_half_one_block<2, kNib, kPlane, kSigned>,
+                                                       tile_half_one_block<3, kNib, kPlane, kSigned>,
+                                                       tile_half_one_block<4, kNib, kPlane, kSigned>};
+    if (w.sb == 1) return run_tiles(kOneBlock, w, x, g0, g1, t0, t1, y);
+  }
+  run_tiles(kTiles, w, x, g0, g1, t0, t1, y);
 }
 
 }  // namespace
