@@ -8,6 +8,7 @@ of `-r` repetitions; the table reports the median over rounds and the ratio Serv
 
   scripts/bench_peer.py --llama-bench /path/to/llama-bench -m MODEL.gguf [-m ...] \
       --tests pp512,pp4096,tg128 -t 2 --json out.json
+  scripts/bench_peer.py ... --serval before/serval --serval build/serval   # a change and the peer in one run
 """
 import argparse
 import json
@@ -49,7 +50,9 @@ def run_llama(llama_bench, model, kind, n, threads, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench binary (built outside the repo)")
-    ap.add_argument("--serval", default=str(ROOT / "build" / "serval"))
+    ap.add_argument("--serval", action="append",
+                    help="a serval binary (default build/serval); several (a before and an after) run in the same "
+                         "rounds, each in a column of its own")
     ap.add_argument("-m", "--model", action="append", required=True)
     ap.add_argument("--tests", default="pp512,tg128")
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -57,19 +60,27 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs per engine (default 3)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    binaries = a.serval or [str(ROOT / "build" / "serval")]
+    names = [f"Serval ({b})" for b in binaries] if len(binaries) > 1 else ["Serval"]
     results = []
-    print("| model | test | llama.cpp t/s | Serval t/s | ratio |\n|---|---|---|---|---|")
+    print("| model | test | llama.cpp t/s | " + " | ".join(f"{n} t/s | ratio" for n in names) + " |")
+    print("|---|---|---|" + "---|---|" * len(names))
     for model in a.model:
         for test in a.tests.split(","):
             kind, n = parse_test(test)
-            peer, ours = [], []
+            peer, ours = [], [[] for _ in binaries]
             for _ in range(a.rounds):
                 peer.append(run_llama(a.llama_bench, model, kind, n, a.threads, a.reps))
-                ours.append(run_serval(a.serval, model, kind, n, a.threads, a.reps))
-            p, s = statistics.median(peer), statistics.median(ours)
-            results.append({"model": Path(model).name, "test": test, "llama_cpp": p, "serval": s, "ratio": s / p,
-                            "llama_cpp_runs": peer, "serval_runs": ours})
-            print(f"| {Path(model).name} | {test} | {p:.1f} | {s:.1f} | {s / p:.2f}x |", flush=True)
+                for runs, binary in zip(ours, binaries):
+                    runs.append(run_serval(binary, model, kind, n, a.threads, a.reps))
+            p = statistics.median(peer)
+            cells = []
+            for runs, binary in zip(ours, binaries):
+                s = statistics.median(runs)
+                results.append({"model": Path(model).name, "test": test, "serval_binary": binary, "llama_cpp": p,
+                                "serval": s, "ratio": s / p, "llama_cpp_runs": peer, "serval_runs": runs})
+                cells.append(f"{s:.1f} | {s / p:.2f}x")
+            print(f"| {Path(model).name} | {test} | {p:.1f} | " + " | ".join(cells) + " |", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"threads": a.threads, "results": results}, indent=2))
 
