@@ -93,8 +93,12 @@ inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0
 template <int NT, bool kSigned>
 inline void start_sums(const PackedWeights& w, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
   for (int t = 0; t < NT; ++t) {
-    const int32_t* xs = x.sums.data() + ((t0 + t) * w.n_blocks + b) * 2;
-    s32[t] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(-w.offset * (xs[0] + xs[1]));
+    if constexpr (kSigned) {
+      s32[t] = _mm256_setzero_si256();
+    } else {
+      const int32_t* xs = x.sums.data() + ((t0 + t) * w.n_blocks + b) * 2;
+      s32[t] = _mm256_set1_epi32(-w.offset * (xs[0] + xs[1]));
+    }
   }
 }
 
