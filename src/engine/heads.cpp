@@ -42,43 +42,90 @@ float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
 }  // namespace
 
-std::vector<float> corpus_states(const Model& target, std::span<const int32_t> tokens, int ctx,
-                                 std::vector<int32_t>* predicted, const std::function<void(int64_t, int64_t)>& progress) {
-  check(ctx >= 1, "corpus_states: ctx must be positive (got {})", ctx);
-  const int64_t d = target.config().n_embd, n_windows = int64_t(tokens.size()) / ctx;
-  const size_t n_vocab = size_t(target.config().n_vocab);
-  std::vector<float> all(static_cast<size_t>(n_windows * ctx * d)), h, logits;
-  KvCache kv(target.config(), ctx);
-  Batch batch(target.config().n_kv_groups());
-  for (int g = 0; g < batch.n_groups(); ++g) {
-    batch.block_tables[g].assign(1, std::vector<int32_t>(size_t(ctx)));
-    std::iota(batch.block_tables[g][0].begin(), batch.block_tables[g][0].end(), 0);
-  }
-  if (predicted) predicted->clear();
-  for (int64_t w = 0; w < n_windows; ++w) {
-    batch.tokens.clear(), batch.positions.clear(), batch.seq_ids.clear(), batch.want_logits.clear();
-    for (int g = 0; g < batch.n_groups(); ++g) batch.slots[g].clear();
-    for (int p = 0; p < ctx; ++p) batch.add(tokens[size_t(w * ctx + p)], p, 0, p, true);
-    if (predicted) {
-      target.forward(batch, kv, logits, &h);
-      for (int p = 0; p < ctx; ++p)
-        predicted->push_back(argmax(std::span<const float>(logits).subspan(size_t(p) * n_vocab, n_vocab)));
-    } else {
-      target.forward_hidden(batch, kv, h);
+std::vector<int32_t> corpus_segments(const std::vector<std::vector<int32_t>>& documents, int ctx, int min_len,
+                                     std::vector<int32_t>& lengths) {
+  check(ctx >= 1 && min_len >= 1, "corpus_segments: ctx and min_len must be positive (got {}, {})", ctx, min_len);
+  std::vector<int32_t> kept;
+  lengths.clear();
+  for (const auto& doc : documents)
+    for (size_t at = 0; at < doc.size(); at += size_t(ctx)) {
+      const int32_t n = int32_t(std::min(doc.size() - at, size_t(ctx)));
+      if (n < min_len) continue;
+      kept.insert(kept.end(), doc.begin() + int64_t(at), doc.begin() + int64_t(at) + n);
+      lengths.push_back(n);
     }
-    std::copy(h.begin(), h.end(), all.begin() + w * ctx * d);
-    if (progress) progress(w + 1, n_windows);
+  return kept;
+}
+
+namespace {
+
+// One forward pass over consecutive segments [first, last) that start at row `row`, each its own
+// sequence (slots from 0 up, one per token); appends their hidden states and predictions.
+void segments_pass(const Model& target, std::span<const int32_t> tokens, std::span<const int32_t> segments,
+                   size_t first, size_t last, int64_t row, KvCache& kv, std::vector<float>& all,
+                   std::vector<int32_t>* predicted) {
+  Batch batch(target.config().n_kv_groups());
+  int32_t slot = 0;
+  for (size_t s = first; s < last; ++s) {
+    const int32_t len = segments[s], seq = int32_t(s - first);
+    for (int g = 0; g < batch.n_groups(); ++g) {
+      batch.block_tables[g].emplace_back(size_t(len));
+      std::iota(batch.block_tables[g].back().begin(), batch.block_tables[g].back().end(), slot);
+    }
+    for (int32_t p = 0; p < len; ++p, ++slot) batch.add(tokens[size_t(row++)], p, seq, slot, true);
+  }
+  std::vector<float> h, logits;
+  if (predicted) {
+    target.forward(batch, kv, logits, &h);
+    const size_t n_vocab = size_t(target.config().n_vocab);
+    for (size_t p = 0; p < batch.size(); ++p)
+      predicted->push_back(argmax(std::span<const float>(logits).subspan(p * n_vocab, n_vocab)));
+  } else {
+    target.forward_hidden(batch, kv, h);
+  }
+  all.insert(all.end(), h.begin(), h.end());
+}
+
+}  // namespace
+
+std::vector<float> corpus_states(const Model& target, std::span<const int32_t> tokens, std::span<const int32_t> segments,
+                                 int ctx, std::vector<int32_t>* predicted, const std::function<void(int64_t, int64_t)>& progress) {
+  check(ctx >= 1, "corpus_states: ctx must be positive (got {})", ctx);
+  int64_t n_rows = 0;
+  for (int32_t len : segments) {
+    check(len >= 1 && len <= ctx, "corpus_states: a segment of {} tokens (1..{} allowed)", len, ctx);
+    n_rows += len;
+  }
+  check(n_rows <= int64_t(tokens.size()), "corpus_states: segments of {} tokens over a corpus of {}", n_rows, tokens.size());
+  std::vector<float> all;
+  all.reserve(size_t(n_rows * target.config().n_embd));
+  KvCache kv(target.config(), ctx);
+  if (predicted) predicted->clear();
+  int64_t row = 0;
+  for (size_t first = 0; first < segments.size();) {
+    size_t last = first;
+    for (int64_t n = 0; last < segments.size() && n + segments[last] <= ctx; ++last) n += segments[last];
+    segments_pass(target, tokens, segments, first, last, row, kv, all, predicted);
+    for (size_t s = first; s < last; ++s) row += segments[s];
+    first = last;
+    if (progress) progress(row, n_rows);
   }
   return all;
 }
 
 std::vector<int32_t> head_labels(std::span<const int32_t> tokens, const std::vector<int32_t>* predicted,
-                                 std::span<const int32_t> index, int k, int ctx, int64_t n_rows) {
+                                 std::span<const int32_t> index, int k, std::span<const int32_t> segments,
+                                 int64_t n_rows) {
   std::vector<int32_t> labels(static_cast<size_t>(n_rows), -1);
-  for (int64_t i = 0; i < n_rows; ++i) {
-    const int64_t j = i + 2 + k;  // the token head k guesses
-    if (j / ctx != i / ctx || j >= n_rows) continue;
-    labels[size_t(i)] = index[size_t(predicted ? (*predicted)[size_t(j - 1)] : tokens[size_t(j)])];
+  int64_t start = 0;
+  for (int32_t len : segments) {
+    const int64_t end = std::min(start + len, n_rows);
+    for (int64_t i = start; i + 2 + k < end; ++i) {
+      const int64_t j = i + 2 + k;  // the token head k guesses
+      labels[size_t(i)] = index[size_t(predicted ? (*predicted)[size_t(j - 1)] : tokens[size_t(j)])];
+    }
+    start += len;
+    if (start >= n_rows) break;
   }
   return labels;
 }

@@ -83,22 +83,30 @@ struct DecodingHeads {
                     std::vector<int32_t>& parents, float p_min = 0) const;
 };
 
+// A corpus cut into segments for the heads' training rows: each document (a file: a chat transcript,
+// say) is read from its own start, in runs of at most `ctx` tokens; a last run shorter than `min_len`
+// is left out. Returns the kept tokens, and each segment's length in `lengths`.
+std::vector<int32_t> corpus_segments(const std::vector<std::vector<int32_t>>& documents, int ctx, int min_len,
+                                     std::vector<int32_t>& lengths);
+
 // Training rows of a corpus for the heads: the target's final hidden states (after the output norm) of
-// every token [n_rows, n_embd], window by window of `ctx` tokens (each window a fresh context; a partial
-// last window is left out). With `predicted`, also the target's own greedy prediction after each token
-// (the argmax of its logits over the window so far: what it would say next there). `progress` (optional)
-// hears (windows done, windows) after each window.
-std::vector<float> corpus_states(const Model& target, std::span<const int32_t> tokens, int ctx,
-                                 std::vector<int32_t>* predicted = nullptr,
+// every token of `segments` [n_rows = their sum, n_embd], each segment read as a sequence of its own
+// from position 0 (a fresh context), several segments to a forward pass of at most `ctx` tokens. With
+// `predicted`, also the target's own greedy prediction after each token (the argmax of its logits over
+// the segment so far: what it would say next there). `progress` (optional) hears (rows done, rows)
+// after each pass.
+std::vector<float> corpus_states(const Model& target, std::span<const int32_t> tokens, std::span<const int32_t> segments,
+                                 int ctx, std::vector<int32_t>* predicted = nullptr,
                                  const std::function<void(int64_t, int64_t)>& progress = {});
 
 // Head k's label for each of the first n_rows rows: index[] (the token's position in the heads'
 // vocabulary subset, -1 outside it) of the token 2 + k places ahead, -1 where that token is past the
-// row's window of `ctx`. With `predicted` (corpus_states), the target's own guess of that token after
-// the corpus up to the token before it, predicted[i + 1 + k]: what the heads must match for their
-// guesses to be accepted. Without it, the corpus token itself.
+// row's segment. With `predicted` (corpus_states), the target's own guess of that token after the
+// corpus up to the token before it, predicted[i + 1 + k]: what the heads must match for their guesses
+// to be accepted. Without it, the corpus token itself.
 std::vector<int32_t> head_labels(std::span<const int32_t> tokens, const std::vector<int32_t>* predicted,
-                                 std::span<const int32_t> index, int k, int ctx, int64_t n_rows);
+                                 std::span<const int32_t> index, int k, std::span<const int32_t> segments,
+                                 int64_t n_rows);
 
 // The most frequent `n` token ids of `tokens` (ties: the lower id), most frequent first.
 std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n, int32_t n_vocab);

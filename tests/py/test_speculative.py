@@ -140,6 +140,60 @@ def test_train_heads_rejects_an_unknown_label_source(tmp_path):
     assert not (tmp_path / "h.gguf").exists()
 
 
+def story_transcripts(folder, n=12):
+    """n small documents, one per file: a question from the story's sentences, then an answer."""
+    sentences = [s.strip() + "." for s in (DATA / "tinystory.txt").read_text().split(".") if len(s.strip()) > 20]
+    folder.mkdir()
+    for i in range(n):
+        q, a = sentences[i % len(sentences)], " ".join(sentences[(i + 1 + j) % len(sentences)] for j in range(3))
+        (folder / f"{i:02d}.txt").write_text(f"Question: {q}\nAnswer: {a}\n")
+    return folder
+
+
+def held_out(stderr):
+    """Per head: (right, labelled) of its held-out top-1 line."""
+    import re
+    return [tuple(map(int, m)) for m in re.findall(r"\((\d+) of (\d+) held-out", stderr)]
+
+
+def test_train_heads_reads_each_file_from_its_start_and_keeps_the_forward_pass_with_states(tmp_path):
+    """Documents shorter than the window are each read from their own start; --states keeps the forward
+    pass's results, and a second run that reads them trains the very same heads."""
+    corpus, states = story_transcripts(tmp_path / "docs"), tmp_path / "states.bin"
+    args = ["train-heads", "-m", STORIES, "-f", corpus, "--heads", 2, "--vocab", 64, "-c", 256, "--tokens", 100000,
+            "--epochs", 1, "-t", 2, "--states", states]
+    first = run(*args, "-o", tmp_path / "a.gguf")
+    assert "wrote " + str(states) in first.stderr and "in 12 segments" in first.stderr
+    second = run(*args, "-o", tmp_path / "b.gguf")
+    assert "read the forward pass's results from " + str(states) in second.stderr
+    assert "forward  [" not in second.stderr
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    assert held_out(first.stderr) == held_out(second.stderr)
+    # Another corpus, or other labels, and the states file is refused (it is not overwritten).
+    before, text = states.read_bytes(), (corpus / "00.txt").read_text()
+    (corpus / "00.txt").write_text("Question: Who? Answer: Nobody at all, said the cat to the dog.\n")
+    other = run(*args, "-o", tmp_path / "c.gguf", check=False)
+    assert other.returncode == 1 and "was made from another model or corpus" in other.stderr
+    (corpus / "00.txt").write_text(text)
+    labels = run(*args, "-o", tmp_path / "c.gguf", "--labels", "corpus", check=False)
+    assert labels.returncode == 1 and "was made with other --labels" in labels.stderr
+    assert states.read_bytes() == before and not (tmp_path / "c.gguf").exists()
+
+
+def test_train_heads_with_a_response_template_learns_only_the_answers(tmp_path):
+    """--response-template: rows before the template's last occurrence carry no label, so fewer held-out
+    tokens are scored than without it, and still some."""
+    corpus = story_transcripts(tmp_path / "docs", n=16)
+    args = ["train-heads", "-m", STORIES, "-f", corpus, "--heads", 1, "--vocab", 64, "-c", 256, "--tokens", 100000,
+            "--epochs", 1, "-t", 2, "-o", tmp_path / "h.gguf"]
+    whole = held_out(run(*args).stderr)
+    answers = held_out(run(*args, "--response-template", "Answer:").stderr)
+    assert len(whole) == len(answers) == 1
+    assert 0 < answers[0][1] < whole[0][1]
+    # A template no document holds: every document is trained whole.
+    assert held_out(run(*args, "--response-template", "Reply from the moon:").stderr) == whole
+
+
 def test_train_heads_writes_heads_and_a_loss_png_that_generate_uses(tmp_path):
     heads, png = tmp_path / "heads.gguf", tmp_path / "loss.png"
     p = run("train-heads", "-m", STORIES, "-f", DATA / "tinystory.txt", "-o", heads,

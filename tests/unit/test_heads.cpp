@@ -451,43 +451,73 @@ void one_token_at_a_time(const Model& m, std::span<const int32_t> window, std::v
   }
 }
 
-TEST(DecodingHeads, CorpusStatesAreThoseOfTheModelReadingEachWindowFromItsStart) {
+TEST(DecodingHeads, CorpusSegmentsReadEachDocumentFromItsStartInRunsOfAtMostCtx) {
+  std::vector<std::vector<int32_t>> docs(3);
+  for (int i = 0; i < 5; ++i) docs[0].push_back(100 + i);
+  for (int i = 0; i < 30; ++i) docs[1].push_back(200 + i);
+  docs[2] = {300, 301};  // shorter than min_len: left out
+  std::vector<int32_t> lengths = {99};  // cleared first
+  const auto kept = corpus_segments(docs, 12, 3, lengths);
+  EXPECT_EQ(lengths, (std::vector<int32_t>{5, 12, 12, 6}));
+  std::vector<int32_t> want = docs[0];
+  want.insert(want.end(), docs[1].begin(), docs[1].end());
+  EXPECT_EQ(kept, want);
+  // A document's last run shorter than min_len is left out, its earlier runs kept.
+  corpus_segments(docs, 12, 7, lengths);
+  EXPECT_EQ(lengths, (std::vector<int32_t>{12, 12}));
+}
+
+TEST(DecodingHeads, CorpusStatesAreThoseOfTheModelReadingEachSegmentFromItsStart) {
   auto m = stories();
   const int ctx = 12;
   std::vector<int32_t> tokens = m->tokenizer().encode(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her big "
       "red ball and her friend Tom.",
       true);
-  ASSERT_GE(tokens.size(), size_t(2 * ctx + 5));
-  tokens.resize(size_t(2 * ctx + 5));  // two windows and a partial one, which is left out
+  // Passes of at most ctx tokens: {12}, {5, 7} (two sequences in one pass), {4}; the tokens past the
+  // segments are not read.
+  const std::vector<int32_t> segments = {12, 5, 7, 4};
+  ASSERT_GE(tokens.size(), size_t(28 + 3));
+  tokens.resize(28 + 3);
   std::vector<int32_t> predicted = {7};  // cleared first
   std::vector<std::pair<int64_t, int64_t>> heard;
-  const auto hidden = corpus_states(*m, tokens, ctx, &predicted, [&](int64_t w, int64_t n) { heard.emplace_back(w, n); });
+  const auto hidden =
+      corpus_states(*m, tokens, segments, ctx, &predicted, [&](int64_t w, int64_t n) { heard.emplace_back(w, n); });
   std::vector<float> want_h;
   std::vector<int32_t> want_p;
-  for (int w = 0; w < 2; ++w)
-    one_token_at_a_time(*m, std::span(tokens).subspan(size_t(w * ctx), size_t(ctx)), want_h, want_p);
+  size_t at = 0;
+  for (int32_t len : segments)
+    one_token_at_a_time(*m, std::span(tokens).subspan(at, size_t(len)), want_h, want_p), at += size_t(len);
   EXPECT_EQ(predicted, want_p);
   ASSERT_EQ(hidden.size(), want_h.size());
   for (size_t i = 0; i < hidden.size(); ++i) ASSERT_NEAR(hidden[i], want_h[i], 1e-4f * (1 + std::abs(want_h[i]))) << i;
-  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 2}}));
+  EXPECT_EQ(heard, (std::vector<std::pair<int64_t, int64_t>>{{12, 28}, {24, 28}, {28, 28}}));
   // The same states without the predictions (the output matrix is skipped).
-  EXPECT_EQ(corpus_states(*m, tokens, ctx), hidden);
+  EXPECT_EQ(corpus_states(*m, tokens, segments, ctx), hidden);
+  // A segment longer than a pass, or segments past the corpus, are refused.
+  EXPECT_THROW(corpus_states(*m, tokens, std::vector<int32_t>{13}, ctx), Error);
+  EXPECT_THROW(corpus_states(*m, tokens, std::vector<int32_t>{12, 12, 12}, ctx), Error);
 }
 
 TEST(DecodingHeads, HeadLabelsAreTheTokenTwoPlusKAheadOrTheModelsGuessOfIt) {
-  const std::vector<int32_t> tokens = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};  // two windows of 5
+  const std::vector<int32_t> tokens = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
   std::vector<int32_t> predicted, index(30);
   for (int i = 0; i < 10; ++i) predicted.push_back(20 + i);
   for (int t = 0; t < 30; ++t) index[size_t(t)] = t - 10;  // t's place in the subset
   index[13] = index[27] = -1;                              // outside it
   using V = std::vector<int32_t>;
+  const V two_of_5 = {5, 5}, uneven = {3, 7};
   // Head 0 at row i guesses token i + 2: the corpus's, or the model's guess of it from row i + 1.
-  EXPECT_EQ(head_labels(tokens, nullptr, index, 0, 5, 10), (V{2, -1, 4, -1, -1, 7, 8, 9, -1, -1}));
-  EXPECT_EQ(head_labels(tokens, &predicted, index, 0, 5, 10), (V{11, 12, 13, -1, -1, 16, -1, 18, -1, -1}));
-  // Head 1 guesses token i + 3; nothing past the row's window.
-  EXPECT_EQ(head_labels(tokens, nullptr, index, 1, 5, 10), (V{-1, 4, -1, -1, -1, 8, 9, -1, -1, -1}));
-  EXPECT_EQ(head_labels(tokens, &predicted, index, 1, 5, 10), (V{12, 13, -1, -1, -1, -1, 18, -1, -1, -1}));
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 0, two_of_5, 10), (V{2, -1, 4, -1, -1, 7, 8, 9, -1, -1}));
+  EXPECT_EQ(head_labels(tokens, &predicted, index, 0, two_of_5, 10), (V{11, 12, 13, -1, -1, 16, -1, 18, -1, -1}));
+  // Head 1 guesses token i + 3; nothing past the row's segment.
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 1, two_of_5, 10), (V{-1, 4, -1, -1, -1, 8, 9, -1, -1, -1}));
+  EXPECT_EQ(head_labels(tokens, &predicted, index, 1, two_of_5, 10), (V{12, 13, -1, -1, -1, -1, 18, -1, -1, -1}));
+  // Segments of other lengths: each row's label stays inside its own.
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 0, uneven, 10), (V{2, -1, -1, 5, 6, 7, 8, 9, -1, -1}));
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 2, uneven, 10), (V{-1, -1, -1, 7, 8, 9, -1, -1, -1, -1}));
+  // Rows past n_rows get none.
+  EXPECT_EQ(head_labels(tokens, nullptr, index, 0, uneven, 6), (V{2, -1, -1, 5, -1, -1}));
 }
 
 }  // namespace
