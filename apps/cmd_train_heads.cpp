@@ -34,6 +34,7 @@ struct TrainOptions {
   bool self_distill = false;
   bool parse_special = false;  // chat transcripts: <|im_start|> and the like are their special tokens
   bool token_input = false;    // Hydra-style heads: each also reads the token before the one it guesses
+  bool recurrent = false;      // token-input heads, each past the first reading the previous one's output
   std::string labels = "model";  // what a head learns to guess: the model's own prediction, or the corpus token
   int prompt_len = 32;
   float lr = 1e-3f;
@@ -274,8 +275,25 @@ int64_t training_rows(const Rows& r) {
 }
 
 // Trains head k over the first n_train rows; returns its smoothed training-loss curve.
-std::vector<double> train_head(const TrainOptions& o, const Rows& r, DecodingHeads& heads, HeadTrainer& trainer, int k,
-                               std::span<const int32_t> labels, int64_t n_train, std::mt19937_64& rng) {
+// For recurrent heads: every row's output of head k, its input built on `features` (the previous
+// head's outputs, or the hidden states for head 0), which head k + 1 reads in place of h.
+std::vector<float> next_features(const DecodingHeads& heads, const Rows& r, const float* features, int k) {
+  const int64_t d = heads.n_embd, in = heads.n_in(), chunk = 4096;
+  std::vector<float> out(static_cast<size_t>(r.n * d)), x;
+  for (int64_t r0 = 0; r0 < r.n; r0 += chunk) {
+    const int64_t n = std::min(chunk, r.n - r0);
+    x.resize(size_t(n * in));
+    for (int64_t i = 0; i < n; ++i) heads.training_input(features + (r0 + i) * d, r.tokens, r0 + i, k, x.data() + i * in);
+    heads.block_rows(k, x.data(), n, out.data() + r0 * d);
+  }
+  return out;
+}
+
+// Trains head k over the first n_train rows, its inputs built on `features` (n_embd values a row: the
+// hidden states, or a recurrent head's predecessor's outputs); returns its smoothed training-loss curve.
+std::vector<double> train_head(const TrainOptions& o, const Rows& r, const float* features, DecodingHeads& heads,
+                               HeadTrainer& trainer, int k, std::span<const int32_t> labels, int64_t n_train,
+                               std::mt19937_64& rng) {
   const int64_t d = heads.n_embd, in = heads.n_in();
   std::vector<int64_t> order;  // the rows with a label
   for (int64_t row = 0; row < n_train; ++row)
@@ -293,7 +311,7 @@ std::vector<double> train_head(const TrainOptions& o, const Rows& r, DecodingHea
       l_batch.resize(size_t(n));
       for (int64_t i = 0; i < n; ++i) {
         const int64_t row = order[size_t(first + i)];
-        heads.training_input(r.hidden.data() + row * d, r.tokens, row, k, x_batch.data() + i * in);
+        heads.training_input(features + row * d, r.tokens, row, k, x_batch.data() + i * in);
         l_batch[size_t(i)] = labels[size_t(row)];
       }
       const double l = trainer.step(k, std::span(x_batch).first(size_t(n * in)), l_batch);
@@ -308,11 +326,11 @@ std::vector<double> train_head(const TrainOptions& o, const Rows& r, DecodingHea
 }
 
 // Head k's loss and top-1 on the held-out rows (for token-input heads, on the true previous token).
-void validate_head(const TrainOptions& o, const Rows& r, const DecodingHeads& heads, const HeadTrainer& trainer, int k,
-                   std::span<const int32_t> labels, int64_t n_train) {
+void validate_head(const TrainOptions& o, const Rows& r, const float* features, const DecodingHeads& heads,
+                   const HeadTrainer& trainer, int k, std::span<const int32_t> labels, int64_t n_train) {
   const int64_t d = heads.n_embd, in = heads.n_in(), n_val = r.n - n_train;
   std::vector<float> xv(size_t(n_val * in));
-  for (int64_t i = 0; i < n_val; ++i) heads.training_input(r.hidden.data() + (n_train + i) * d, r.tokens, n_train + i, k, xv.data() + i * in);
+  for (int64_t i = 0; i < n_val; ++i) heads.training_input(features + (n_train + i) * d, r.tokens, n_train + i, k, xv.data() + i * in);
   std::vector<int32_t> lv(labels.begin() + n_train, labels.end());
   for (int64_t i = 0; i < n_val; ++i)
     if (!r.trained[size_t(n_train + i)]) lv[size_t(i)] = -1;
@@ -339,17 +357,21 @@ void run_train_heads(TrainOptions& o) {
   for (int64_t i = 0; i < r.n; ++i)
     if (r.trained[size_t(i)]) guessed.push_back(model_labels ? r.predicted[size_t(i)] : r.tokens[size_t(i)]);
   DecodingHeads heads =
-      DecodingHeads::create(*m, o.heads, frequent_tokens(guessed, o.vocab, m->tokenizer().n_vocab()), o.token_input);
+      DecodingHeads::create(*m, o.heads, frequent_tokens(guessed, o.vocab, m->tokenizer().n_vocab()),
+                            o.token_input || o.recurrent, o.recurrent);
   std::vector<int32_t> index(static_cast<size_t>(m->tokenizer().n_vocab()), -1);
   for (size_t v = 0; v < heads.vocab.size(); ++v) index[size_t(heads.vocab[v])] = int32_t(v);
   const int64_t n_train = training_rows(r);
   HeadTrainer trainer(heads, o.lr);
   std::vector<std::vector<double>> curves;
   std::mt19937_64 rng(o.seed);
+  std::vector<float> chained;  // recurrent heads: the previous head's outputs, which head k reads
   for (int k = 0; k < o.heads; ++k) {
+    const float* features = k > 0 && o.recurrent ? chained.data() : r.hidden.data();
     const auto labels = head_labels(r.tokens, model_labels, index, k, r.segments, r.n);
-    curves.push_back(train_head(o, r, heads, trainer, k, labels, n_train, rng));
-    validate_head(o, r, heads, trainer, k, labels, n_train);
+    curves.push_back(train_head(o, r, features, heads, trainer, k, labels, n_train, rng));
+    validate_head(o, r, features, heads, trainer, k, labels, n_train);
+    if (o.recurrent && k + 1 < o.heads) chained = next_features(heads, r, features, k);
   }
   heads.save(o.output, std::filesystem::path(m->path()).filename().string());
   fmt::print(stderr, "wrote {} ({} heads, {} vocabulary entries, {} training tokens in {} segments)\n", o.output, o.heads,
@@ -380,6 +402,9 @@ void add_train_heads(CLI::App& app) {
                 "the corpus's special-token texts (chat markup such as <|im_start|>) are those tokens");
   cmd->add_flag("--token-input", o->token_input,
                 "Hydra-style heads: each also reads the embedding of the token before the one it guesses");
+  cmd->add_flag("--recurrent", o->recurrent,
+                "token-input heads chained on features (EAGLE-style): each head past the first reads the previous "
+                "head's output instead of the model's hidden state (implies --token-input)");
   cmd->add_option("--labels", o->labels,
                   "what each head learns to guess: 'model' (default), the model's own greedy prediction of that "
                   "token after the corpus text before it; 'corpus', the corpus token itself")

@@ -143,13 +143,16 @@ std::vector<int32_t> frequent_tokens(std::span<const int32_t> tokens, int32_t n,
   return ids;
 }
 
-DecodingHeads DecodingHeads::create(const Model& target, int n_heads, std::vector<int32_t> vocab, bool token_input) {
+DecodingHeads DecodingHeads::create(const Model& target, int n_heads, std::vector<int32_t> vocab, bool token_input,
+                                    bool recurrent) {
   check(n_heads >= 1 && n_heads <= 16, "the number of heads must be 1..16 (got {})", n_heads);
+  check(token_input || !recurrent, "recurrent heads are token-input heads");
   check(!vocab.empty(), "the heads' vocabulary is empty");
   DecodingHeads h;
   h.n_embd = int32_t(target.config().n_embd);
   h.n_vocab = target.tokenizer().n_vocab();
   h.token_input = token_input;
+  h.recurrent = recurrent;
   h.vocab = std::move(vocab);
   const size_t d = size_t(h.n_embd);
   h.w.assign(size_t(n_heads), std::vector<float>(d * size_t(h.n_in()), 0.0f));
@@ -176,6 +179,8 @@ DecodingHeads DecodingHeads::load(const std::string& path, const Model& target) 
   h.n_vocab = int32_t(f.get_int("serval-heads.n_vocab"));
   const int64_t n_heads = f.get_int("serval-heads.count");
   h.token_input = f.find_int("serval-heads.token_input").value_or(0) != 0;
+  h.recurrent = f.find_int("serval-heads.recurrent").value_or(0) != 0;
+  check(h.token_input || !h.recurrent, "{}: recurrent heads must be token-input heads", path);
   check(h.n_embd == target.config().n_embd, "{}: heads for hidden size {}, the model's is {}", path, h.n_embd,
         target.config().n_embd);
   check(h.n_vocab == target.tokenizer().n_vocab(), "{}: heads for a vocabulary of {} tokens, the model's has {}", path,
@@ -213,6 +218,7 @@ void DecodingHeads::save(const std::string& path, const std::string& target_name
   g.add_u32("serval-heads.n_embd", uint32_t(n_embd));
   g.add_u32("serval-heads.n_vocab", uint32_t(n_vocab));
   g.add_u32("serval-heads.token_input", token_input ? 1 : 0);
+  if (recurrent) g.add_u32("serval-heads.recurrent", 1);
   std::vector<float> ids(vocab.begin(), vocab.end());  // exact below 2^24
   g.add_f32_tensor("heads.vocab", {ids.size()}, ids.data());
   const uint64_t d = uint64_t(n_embd);
@@ -254,6 +260,12 @@ void silu_residual(const std::vector<float>& bias, const float* x, float* a, flo
 
 }  // namespace
 
+void DecodingHeads::block_rows(int k, const float* x, int64_t n, float* a) const {
+  const int64_t d = n_embd, in = n_in();
+  cpu::matmul(f32_matrix(w[size_t(k)].data(), d, in), x, a, n);
+  for (int64_t r = 0; r < n; ++r) silu_residual(b[size_t(k)], x + r * in, a + r * d, nullptr);
+}
+
 void DecodingHeads::block(int k, const float* x, float* a, float* z) const {
   const int64_t d = n_embd, in = n_in();
   for (int64_t i = 0; i < d; ++i) a[i] = cpu::dot(w[size_t(k)].data() + i * in, x, in);
@@ -287,17 +299,18 @@ void DecodingHeads::prepare_to_propose(DType type) {
   quantized = std::move(q);
 }
 
-std::vector<float> DecodingHeads::scores(int k, const float* x) const {
+std::vector<float> DecodingHeads::scores(int k, const float* x, std::vector<float>* features) const {
   const int64_t d = n_embd, nv = int64_t(vocab.size());
   std::vector<float> a(static_cast<size_t>(d)), s(static_cast<size_t>(nv));
   if (!quantized) {
     block(k, x, a.data());
     cpu::matmul(f32_matrix(out.data(), nv, d), a.data(), s.data(), 1);
-    return s;
+  } else {
+    cpu::matmul(quantized->w[size_t(k)], x, a.data(), 1);
+    silu_residual(b[size_t(k)], x, a.data(), nullptr);
+    cpu::matmul(quantized->out, a.data(), s.data(), 1);
   }
-  cpu::matmul(quantized->w[size_t(k)], x, a.data(), 1);
-  silu_residual(b[size_t(k)], x, a.data(), nullptr);
-  cpu::matmul(quantized->out, a.data(), s.data(), 1);
+  if (features) *features = std::move(a);
   return s;
 }
 
@@ -318,16 +331,26 @@ void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int 
   const int depth = std::min(n_nodes, n_heads());
   width = int(std::min<int64_t>(width, nv));
   if (depth < 1 || width < 1) return;
-  // Head k's `width` likeliest tokens (index into vocab) and their softmax probabilities, given the
-  // previous token: once per head for Medusa heads, once per expanded node for token-input heads.
-  std::map<std::pair<int, int32_t>, std::vector<std::pair<int32_t, float>>> memo;
+  // One head's evaluation: its `width` likeliest tokens (index into vocab) with their softmax
+  // probabilities, and for recurrent heads its output, which the next head reads.
+  struct Eval {
+    std::vector<std::pair<int32_t, float>> top;
+    std::vector<float> features;
+  };
+  std::vector<Eval> evals;
+  // An evaluation that reads h depends only on the head and the previous token (nothing for Medusa
+  // heads): once per head for Medusa heads, once per expanded node for token-input heads, and for
+  // recurrent heads past the first, whose input is the parent's path, every time.
+  std::map<std::pair<int, int32_t>, size_t> memo;
   std::vector<float> x(static_cast<size_t>(n_in()));
   std::vector<int32_t> order(static_cast<size_t>(nv));
-  auto top = [&](int k, int32_t previous) -> const std::vector<std::pair<int32_t, float>>& {
-    auto [it, fresh] = memo.try_emplace({k, token_input ? previous : -1});
-    if (!fresh) return it->second;
-    input(h, previous, x.data());
-    const std::vector<float> scores = this->scores(k, x.data());
+  auto evaluate = [&](int k, const float* f, int32_t previous) -> size_t {
+    const bool reads_h = !recurrent || k == 0;
+    const std::pair<int, int32_t> key{k, token_input ? previous : -1};
+    if (auto it = memo.find(key); reads_h && it != memo.end()) return it->second;
+    input(f, previous, x.data());
+    Eval e;
+    const std::vector<float> scores = this->scores(k, x.data(), recurrent ? &e.features : nullptr);
     const float mx = *std::max_element(scores.begin(), scores.end());
     double sum = 0;
     for (float s : scores) sum += std::exp(double(s - mx));
@@ -336,25 +359,28 @@ void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int 
       return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && a < b);
     });
     for (int j = 0; j < width; ++j)
-      it->second.push_back({order[size_t(j)], float(std::exp(double(scores[size_t(order[size_t(j)])] - mx)) / sum)});
-    return it->second;
+      e.top.push_back({order[size_t(j)], float(std::exp(double(scores[size_t(order[size_t(j)])] - mx)) / sum)});
+    evals.push_back(std::move(e));
+    if (reads_h) memo[key] = evals.size() - 1;
+    return evals.size() - 1;
   };
-  // Best first: a candidate is (path probability, -serial, parent, depth - 1, token id).
-  using Cand = std::tuple<double, int64_t, int32_t, int, int32_t>;
+  // Best first: a candidate is (path probability, -serial, parent, depth - 1, token id, its evaluation).
+  using Cand = std::tuple<double, int64_t, int32_t, int, int32_t, size_t>;
   std::priority_queue<Cand> heap;
   int64_t serial = 0;
-  auto offer = [&](double p, int32_t parent, int k, int32_t previous) {
-    if (k < depth)
-      for (const auto& [v, q] : top(k, previous)) heap.push({p * q, -serial++, parent, k, vocab[size_t(v)]});
+  auto offer = [&](double p, int32_t parent, int k, int32_t previous, const float* f) {
+    if (k >= depth) return;
+    const size_t e = evaluate(k, f, previous);
+    for (const auto& [v, q] : evals[e].top) heap.push({p * q, -serial++, parent, k, vocab[size_t(v)], e});
   };
-  offer(1.0, -1, 0, last);
+  offer(1.0, -1, 0, last, h);
   while (int(tokens.size()) < n_nodes && !heap.empty()) {
-    const auto [p, neg_serial, parent, k, token] = heap.top();
+    const auto [p, neg_serial, parent, k, token, e] = heap.top();
     if (p < double(p_min)) break;  // the likeliest candidate left is too unlikely: so is every other
     heap.pop();
     tokens.push_back(token);
     parents.push_back(parent);
-    offer(p, int32_t(tokens.size()) - 1, k + 1, token);
+    offer(p, int32_t(tokens.size()) - 1, k + 1, token, recurrent ? evals[e].features.data() : h);
   }
 }
 

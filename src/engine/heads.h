@@ -15,6 +15,12 @@
 //   a_k = h + SiLU(W_k x + b_k)
 //
 // Medusa's heads guess token t+2 without knowing t+1; these know it.
+//
+// Recurrent heads (token-input heads chained on features, as EAGLE drafts a feature at a time, Li et
+// al. 2024, here without EAGLE's attention layer): head k > 0 reads head k-1's output a_{k-1} in place
+// of h, so that it sees every guess of the chain before it, not only the last:
+//
+//   a_0 = h + SiLU(W_0 [h ; e(t_0)] + b_0),  a_k = a_{k-1} + SiLU(W_k [a_{k-1} ; e(t_k)] + b_k)
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -33,6 +39,7 @@ struct DecodingHeads {
   int32_t n_embd = 0;
   int32_t n_vocab = 0;             // the target's vocabulary size (checked at load)
   bool token_input = false;        // x = [h ; e(previous token)] (Hydra) rather than x = h (Medusa)
+  bool recurrent = false;          // token-input heads whose h is, for head k > 0, head k-1's output
   std::vector<int32_t> vocab;      // S: the token ids the heads can propose
   std::vector<std::vector<float>> w, b;  // per head: W [n_embd x n_in()] row-major (out, in), b [n_embd]
   std::vector<float> out;          // U_S [|S| x n_embd], from the target (not stored in the file)
@@ -47,7 +54,8 @@ struct DecodingHeads {
   int n_heads() const { return int(w.size()); }
   int64_t n_in() const { return token_input ? 2 * int64_t(n_embd) : n_embd; }
   // Zero-initialised heads (a_k = h + SiLU(0) = h + 0: the head starts as the target's own head).
-  static DecodingHeads create(const Model& target, int n_heads, std::vector<int32_t> vocab, bool token_input = false);
+  static DecodingHeads create(const Model& target, int n_heads, std::vector<int32_t> vocab, bool token_input = false,
+                              bool recurrent = false);
   // Loads a heads file made for `target`; throws Error naming the mismatch.
   static DecodingHeads load(const std::string& path, const Model& target);
   void save(const std::string& path, const std::string& target_name) const;
@@ -65,8 +73,11 @@ struct DecodingHeads {
   void training_input(const float* h_r, std::span<const int32_t> tokens, int64_t r, int k, float* x) const;
   // a = h + SiLU(W_k x + b_k), h being x's first n_embd values; z (optional) gets W_k x + b_k.
   void block(int k, const float* x, float* a, float* z = nullptr) const;
-  // Head k's scores over the subset for input x (through `quantized` when prepared).
-  std::vector<float> scores(int k, const float* x) const;
+  // block() for n rows of inputs x [n, n_in()] into a [n, n_embd], with the F32 matrices (training).
+  void block_rows(int k, const float* x, int64_t n, float* a) const;
+  // Head k's scores over the subset for input x (through `quantized` when prepared); `features`
+  // (optional) gets the block's output a_k, which a recurrent head k + 1 reads in place of h.
+  std::vector<float> scores(int k, const float* x, std::vector<float>* features = nullptr) const;
   // Head k's likeliest token (an id of the vocabulary) for input x.
   int32_t guess(int k, const float* x) const;
   // Guesses of heads 0 .. n-1 from one hidden state and the token it gave (`last`), stopping before
@@ -77,8 +88,8 @@ struct DecodingHeads {
   // depth k + 1 is one of head k's `width` likeliest, and the tree takes the tokens whose paths have
   // the highest products of head probabilities. parents[i] is the index of token i's parent (-1: the
   // token the hidden state predicted, `last`), parents before children. A token-input head's choices
-  // depend on the parent's token, so each expanded node runs its head once. Growth stops where the
-  // likeliest candidate's path probability is below p_min.
+  // depend on the parent's token (a recurrent head's on the parent's whole path), so each expanded node
+  // runs its head once. Growth stops where the likeliest candidate's path probability is below p_min.
   void propose_tree(const float* h, int32_t last, int n_nodes, int width, std::vector<int32_t>& tokens,
                     std::vector<int32_t>& parents, float p_min = 0) const;
 };

@@ -194,6 +194,21 @@ def test_train_heads_with_a_response_template_learns_only_the_answers(tmp_path):
     assert held_out(run(*args, "--response-template", "Reply from the moon:").stderr) == whole
 
 
+def test_train_heads_recurrent_writes_chained_heads_that_generate_uses_losslessly(tmp_path):
+    """--recurrent: token-input heads chained on features, flagged in the file; generate with them prints
+    the plain text."""
+    from gguf import GGUFReader
+    heads = tmp_path / "recurrent.gguf"
+    p = run("train-heads", "-m", STORIES, "-f", story_transcripts(tmp_path / "docs"), "-o", heads, "--heads", 3,
+            "--vocab", 64, "-c", 256, "--tokens", 100000, "--epochs", 1, "-t", 2, "--recurrent")
+    assert len(held_out(p.stderr)) == 3
+    fields = GGUFReader(heads).fields
+    assert int(fields["serval-heads.recurrent"].parts[-1][0]) == 1 and int(fields["serval-heads.token_input"].parts[-1][0]) == 1
+    args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 40, "--temp", 0]
+    spec = run(*args, "--spec", "heads", heads)
+    assert spec.stdout == run(*args).stdout and "speculative heads" in spec.stderr
+
+
 def test_train_heads_writes_heads_and_a_loss_png_that_generate_uses(tmp_path):
     heads, png = tmp_path / "heads.gguf", tmp_path / "loss.png"
     p = run("train-heads", "-m", STORIES, "-f", DATA / "tinystory.txt", "-o", heads,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <set>
@@ -320,7 +321,7 @@ TEST(DecodingHeads, ChainsAndTreesStopWhereThePathProbabilityFallsBelowPMin) {
 // row, z = W x + b, a = h + SiLU(z), and the likeliest subset token of U a; the chain feeds each guess
 // to the next head, and the tree expands each node with its own token.
 std::vector<double> reference_scores(const DecodingHeads& H, const Model& m, int k, const std::vector<float>& h,
-                                     int32_t previous) {
+                                     int32_t previous, std::vector<float>* features = nullptr) {
   const int d = 64;
   std::vector<float> e(64), row(64);
   get_row(m.weights().tok_embd, previous, e.data());
@@ -334,6 +335,7 @@ std::vector<double> reference_scores(const DecodingHeads& H, const Model& m, int
     for (int j = 0; j < 2 * d; ++j) z += double(H.w[size_t(k)][size_t(i * 2 * d + j)]) * x[size_t(j)];
     a[size_t(i)] = h[size_t(i)] + z / (1 + std::exp(-z));
   }
+  if (features) features->assign(a.begin(), a.end());
   std::vector<double> scores;
   for (int32_t v : H.vocab) {
     get_row(m.weights().output, v, row.data());
@@ -378,6 +380,68 @@ TEST(DecodingHeads, TokenInputHeadsReadThePreviousTokenInChainsAndTrees) {
     }
   }
   EXPECT_GT(seen.size(), 1u) << "the previous token changes head 0's guess";
+}
+
+// Recurrent heads: head k > 0 reads head k-1's output a_{k-1} in place of h. The chain and every node
+// of a full tree of width 2 are checked against the scalar reference, each node's input built from its
+// own path; and some chains differ from those of the same weights read as plain token-input heads.
+TEST(DecodingHeads, RecurrentHeadsReadThePreviousHeadsOutputAlongTheirPath) {
+  auto m = stories();
+  std::vector<int32_t> vocab;
+  for (int i = 0; i < 40; ++i) vocab.push_back(3 + 7 * i);
+  DecodingHeads heads = DecodingHeads::create(*m, 3, vocab, true, true);
+  std::mt19937 rng(13);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (auto& w : heads.w) for (auto& x : w) x = 0.5f * n(rng);
+  for (auto& b : heads.b) for (auto& x : b) x = 0.1f * n(rng);
+  DecodingHeads plain = heads;
+  plain.recurrent = false;
+  const std::vector<float> h = random_hidden(6, 1.0f);
+  auto best = [&](const std::vector<double>& s) { return heads.vocab[size_t(std::max_element(s.begin(), s.end()) - s.begin())]; };
+  int differ = 0;
+  for (int32_t last : {1, 17, 100, 300}) {
+    std::vector<float> a0, a1;
+    const int32_t g0 = best(reference_scores(heads, *m, 0, h, last, &a0));
+    const int32_t g1 = best(reference_scores(heads, *m, 1, a0, g0, &a1));
+    const int32_t g2 = best(reference_scores(heads, *m, 2, a1, g1));
+    std::vector<int32_t> guesses, plain_guesses, tokens, parents;
+    heads.propose(h.data(), last, 3, guesses);
+    EXPECT_EQ(guesses, (std::vector<int32_t>{g0, g1, g2})) << "last token " << last;
+    plain.propose(h.data(), last, 3, plain_guesses);
+    differ += plain_guesses != guesses;
+    // A full tree of width 2 (2 + 4 + 8 nodes): node j's children come from head depth(j) on the output
+    // of head depth(j) - 1 at j's parent's input, and j's own token.
+    heads.propose_tree(h.data(), last, 14, 2, tokens, parents);
+    ASSERT_EQ(tokens.size(), 14u);
+    std::function<std::pair<std::vector<float>, int32_t>(int32_t, int)> input_of = [&](int32_t node, int depth) {
+      if (node < 0) return std::make_pair(h, last);  // what head 0 reads
+      const auto [f, prev] = input_of(parents[size_t(node)], depth - 1);
+      std::vector<float> a;
+      reference_scores(heads, *m, depth - 1, f, prev, &a);
+      return std::make_pair(a, tokens[size_t(node)]);
+    };
+    auto depth_of = [&](int32_t node) { int d = 0; for (; node >= 0; node = parents[size_t(node)]) ++d; return d; };
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      const int d = depth_of(int32_t(j));  // head d - 1 guessed it
+      const auto [f, prev] = input_of(parents[j], d - 1);
+      const auto s = reference_scores(heads, *m, d - 1, f, prev);
+      std::vector<size_t> order(s.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + 2, order.end(), [&](size_t a, size_t b) { return s[a] > s[b]; });
+      EXPECT_TRUE(tokens[j] == heads.vocab[order[0]] || tokens[j] == heads.vocab[order[1]]) << "node " << j;
+    }
+  }
+  EXPECT_GT(differ, 0) << "reading a_{k-1} rather than h changes some chain";
+  // The flag survives the file, and a recurrent file that is not token-input is refused.
+  const std::string path = testing::TempDir() + "/recurrent.gguf";
+  heads.save(path, "stories260K.gguf");
+  const DecodingHeads back = DecodingHeads::load(path, *m);
+  EXPECT_TRUE(back.recurrent && back.token_input);
+  std::vector<int32_t> again;
+  back.propose(h.data(), 17, 3, again);
+  EXPECT_EQ(again.size(), 3u);
+  EXPECT_THROW(DecodingHeads::create(*m, 2, vocab, false, true), Error);
+  std::remove(path.c_str());
 }
 
 TEST(DecodingHeads, FileRoundTripAndChecksSayWhatIsWrong) {
