@@ -285,6 +285,7 @@ std::vector<float> next_features(const DecodingHeads& heads, const Rows& r, cons
     x.resize(size_t(n * in));
     for (int64_t i = 0; i < n; ++i) heads.training_input(features + (r0 + i) * d, r.tokens, r0 + i, k, x.data() + i * in);
     heads.block_rows(k, x.data(), n, out.data() + r0 * d);
+    for (int64_t i = 0; i < n; ++i) heads.chain_features(x.data() + i * in, out.data() + (r0 + i) * d);
   }
   return out;
 }

@@ -266,6 +266,13 @@ void DecodingHeads::block_rows(int k, const float* x, int64_t n, float* a) const
   for (int64_t r = 0; r < n; ++r) silu_residual(b[size_t(k)], x + r * in, a + r * d, nullptr);
 }
 
+void DecodingHeads::chain_features(const float* base, float* a) const {
+  double sb = 0, sa = 0;
+  for (int64_t i = 0; i < n_embd; ++i) sb += double(base[i]) * base[i], sa += double(a[i]) * a[i];
+  const float scale = sa > 0 ? float(std::sqrt(sb / sa)) : 1.0f;
+  for (int64_t i = 0; i < n_embd; ++i) a[i] *= scale;
+}
+
 void DecodingHeads::block(int k, const float* x, float* a, float* z) const {
   const int64_t d = n_embd, in = n_in();
   for (int64_t i = 0; i < d; ++i) a[i] = cpu::dot(w[size_t(k)].data() + i * in, x, in);
@@ -310,7 +317,7 @@ std::vector<float> DecodingHeads::scores(int k, const float* x, std::vector<floa
     silu_residual(b[size_t(k)], x, a.data(), nullptr);
     cpu::matmul(quantized->out, a.data(), s.data(), 1);
   }
-  if (features) *features = std::move(a);
+  if (features) chain_features(x, a.data()), *features = std::move(a);
   return s;
 }
 

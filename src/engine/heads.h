@@ -20,7 +20,11 @@
 // al. 2024, here without EAGLE's attention layer): head k > 0 reads head k-1's output a_{k-1} in place
 // of h, so that it sees every guess of the chain before it, not only the last:
 //
-//   a_0 = h + SiLU(W_0 [h ; e(t_0)] + b_0),  a_k = a_{k-1} + SiLU(W_k [a_{k-1} ; e(t_k)] + b_k)
+//   a_0 = h + SiLU(W_0 [h ; e(t_0)] + b_0),  a_k = f_k + SiLU(W_k [f_k ; e(t_k)] + b_k)
+//
+// with f_k = a_{k-1} rescaled to the RMS of head k-1's own input (chain_features), so that every head
+// reads features of h's scale: unscaled, a head's output grows as its guesses sharpen, and the next
+// head's training diverged.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -75,8 +79,12 @@ struct DecodingHeads {
   void block(int k, const float* x, float* a, float* z = nullptr) const;
   // block() for n rows of inputs x [n, n_in()] into a [n, n_embd], with the F32 matrices (training).
   void block_rows(int k, const float* x, int64_t n, float* a) const;
+  // A recurrent head's output a (n_embd values) made into the next head's features, in place: scaled
+  // to the RMS of `base`, the first n_embd values of the head's own input.
+  void chain_features(const float* base, float* a) const;
   // Head k's scores over the subset for input x (through `quantized` when prepared); `features`
-  // (optional) gets the block's output a_k, which a recurrent head k + 1 reads in place of h.
+  // (optional) gets the block's output a_k as chain_features makes it, which a recurrent head k + 1
+  // reads in place of h.
   std::vector<float> scores(int k, const float* x, std::vector<float>* features = nullptr) const;
   // Head k's likeliest token (an id of the vocabulary) for input x.
   int32_t guess(int k, const float* x) const;

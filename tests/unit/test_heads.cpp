@@ -335,7 +335,12 @@ std::vector<double> reference_scores(const DecodingHeads& H, const Model& m, int
     for (int j = 0; j < 2 * d; ++j) z += double(H.w[size_t(k)][size_t(i * 2 * d + j)]) * x[size_t(j)];
     a[size_t(i)] = h[size_t(i)] + z / (1 + std::exp(-z));
   }
-  if (features) features->assign(a.begin(), a.end());
+  if (features) {  // rescaled to h's RMS, as chain_features does
+    double sh = 0, sa = 0;
+    for (int i = 0; i < d; ++i) sh += double(h[size_t(i)]) * h[size_t(i)], sa += a[size_t(i)] * a[size_t(i)];
+    features->clear();
+    for (int i = 0; i < d; ++i) features->push_back(float(a[size_t(i)] * std::sqrt(sh / sa)));
+  }
   std::vector<double> scores;
   for (int32_t v : H.vocab) {
     get_row(m.weights().output, v, row.data());
