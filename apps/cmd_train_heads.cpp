@@ -245,6 +245,7 @@ Rows corpus_rows(const TrainOptions& o, const Model& m) {
     for (const auto& doc : docs.tokens) all.insert(all.end(), doc.begin(), doc.end());
     r.tokens = self_distilled(m, all, o.ctx, o.prompt_len, o.max_tokens);
     r.segments.assign(r.tokens.size() / size_t(o.ctx), o.ctx);
+    r.tokens.resize(r.segments.size() * size_t(o.ctx));  // whole windows only
   } else {
     r.tokens = corpus_segments(docs.tokens, o.ctx, kMinSegment, r.segments);
     std::vector<int32_t> same;  // the masks' segments are the tokens'
