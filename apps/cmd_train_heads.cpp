@@ -275,7 +275,6 @@ int64_t training_rows(const Rows& r) {
   return n_train;
 }
 
-// Trains head k over the first n_train rows; returns its smoothed training-loss curve.
 // For recurrent heads: every row's output of head k, its input built on `features` (the previous
 // head's outputs, or the hidden states for head 0), which head k + 1 reads in place of h.
 std::vector<float> next_features(const DecodingHeads& heads, const Rows& r, const float* features, int k) {
@@ -414,7 +413,8 @@ void add_train_heads(CLI::App& app) {
   cmd->add_option("--prompt-len", o->prompt_len, "with --self-distill: corpus tokens kept per window (default 32)");
   cmd->add_option("--response-template", o->response_template,
                   "train only on what follows this text's last occurrence in each document (a chat transcript's "
-                  "answer: \"<|im_start|>assistant\\n\" with --parse-special); documents without it are trained whole");
+                  "answer: $'<|im_start|>assistant\\n' in bash, with --parse-special); documents without it are "
+                  "trained whole");
   cmd->add_option("--states", o->states,
                   "keep the forward pass's results in this file (made if absent, read if present and made from "
                   "the same model, corpus and labels): training again skips the pass");

@@ -362,7 +362,8 @@ void DecodingHeads::propose_tree(const float* h, int32_t last, int n_nodes, int 
   auto evaluate = [&](int k, const float* f, int32_t previous) -> size_t {
     const bool reads_h = !recurrent || k == 0;
     const std::pair<int, int32_t> key{k, token_input ? previous : -1};
-    if (auto it = memo.find(key); reads_h && it != memo.end()) return it->second;
+    if (reads_h)
+      if (auto it = memo.find(key); it != memo.end()) return it->second;
     input(f, previous, x.data());
     Eval e;
     const std::vector<float> scores = this->scores(k, x.data(), recurrent ? &e.features : nullptr);
