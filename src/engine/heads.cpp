@@ -112,10 +112,10 @@ std::vector<float> corpus_states(const Model& target, std::span<const int32_t> t
   int64_t row = 0;
   for (size_t first = 0; first < segments.size();) {
     size_t last = first;
-    for (int64_t n = 0; last < segments.size() && n + segments[last] <= ctx; ++last) n += segments[last];
+    int64_t n = 0;  // the pass's tokens
+    for (; last < segments.size() && n + segments[last] <= ctx; ++last) n += segments[last];
     segments_pass(target, tokens, segments, first, last, row, kv, buf, all, predicted);
-    for (size_t s = first; s < last; ++s) row += segments[s];
-    first = last;
+    row += n, first = last;
     if (progress) progress(row, n_rows);
   }
   return all;
