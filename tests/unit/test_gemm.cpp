@@ -112,6 +112,47 @@ TEST_P(PackedGemm, EveryLevelMatchesReferenceAndScalarBitwise) {
   }
 }
 
+// The 5-bit types' fifth bits in both orders (packed.h: PlaneLayout): every level that reads an order
+// gives the scalar level's bits on StepMasks, and the reference within its bound. AVX-512 and AMX
+// read StepMasks only and must refuse ValueBytes rather than read it wrong.
+TEST(PackedGemm, BothPlaneOrdersGiveTheSameBitsAtEveryLevelThatReadsThem) {
+  IsaGuard guard;
+  const bool have_avx512 = int(cpu::detected_isa()) >= int(cpu::Isa::Avx512);
+  for (DType t : {DType::Q5_0, DType::Q5_1, DType::Q5_K}) {
+    const int64_t rows = 37, cols = 2 * int64_t(dtype_info(t).block_elems), n_tok = 9;
+    TestMatrix m(t, rows, cols, 23);
+    EXPECT_EQ(m.w.packed->plane_by_value, !have_avx512) << "the order for this CPU: ValueBytes without AVX-512";
+    const auto xs = test::random_floats(n_tok * cols, 9);
+    std::vector<float> want(n_tok * rows), scalar(want.size());
+    ref::matmul(WeightMatrix{t, rows, cols, m.w.data, m.w.row_stride}, xs.data(), want.data(), n_tok);
+    for (cpu::PlaneLayout order : {cpu::PlaneLayout::StepMasks, cpu::PlaneLayout::ValueBytes}) {
+      WeightMatrix w{t, rows, cols, m.w.data, m.w.row_stride};
+      w.packed = cpu::pack_weights(w, order);
+      ASSERT_EQ(w.packed->plane_by_value, order == cpu::PlaneLayout::ValueBytes);
+      for (cpu::Isa level : kLevels) {
+        const char* name = cpu::isa_name(level);
+        if (int(level) > int(cpu::detected_isa())) {
+          std::cout << "[ NOT RUN  ] " << name << ": this CPU does not run it\n";
+          continue;
+        }
+        cpu::force_isa(level);
+        std::vector<float> got(want.size());
+        if (w.packed->plane_by_value && int(level) > int(cpu::Isa::Avx2)) {
+          EXPECT_THROW(cpu::matmul(w, xs.data(), got.data(), n_tok), Error) << name;
+          continue;
+        }
+        cpu::matmul(w, xs.data(), got.data(), n_tok);
+        for (int64_t tok = 0; tok < n_tok; ++tok)
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_NEAR(got[tok * rows + r], want[tok * rows + r], error_bound(w, r, xs.data() + tok * cols))
+                << dtype_info(t).name << " " << name << " token " << tok << " row " << r;
+        if (level == cpu::Isa::Scalar && order == cpu::PlaneLayout::StepMasks) scalar = got;
+        else ASSERT_EQ(got, scalar) << dtype_info(t).name << " " << name << " plane by value " << w.packed->plane_by_value;
+      }
+    }
+  }
+}
+
 TEST_P(PackedGemm, TokenResultsDoNotDependOnTheBatchOrThreads) {
   const DType t = GetParam();
   const int64_t rows = 45, cols = 2 * int64_t(dtype_info(t).block_elems), n_tok = 70;

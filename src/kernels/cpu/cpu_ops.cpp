@@ -168,9 +168,14 @@ void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_to
   PackedActs& acts = buffers;       // (a lambda names a thread_local of the thread it runs on)
   const PackedWeights& first = *outs[0].w->packed;
   quantize_packed_acts(first.source, x, first.cols, n_tok, acts);
-  const PackedGemmFn gemm = packed_gemm_for(active_isa());
+  const Isa level = active_isa();
+  const PackedGemmFn gemm = packed_gemm_for(level);
   int64_t total_groups = 0;
-  for (const auto& o : outs) total_groups += o.w->packed->n_groups;
+  for (const auto& o : outs) {
+    total_groups += o.w->packed->n_groups;
+    check(!o.w->packed->plane_by_value || int(level) <= int(Isa::Avx2),  // packed.h: PlaneLayout
+          "weights packed with the AVX2 plane order run at the avx2 level or below, not {}", isa_name(level));
+  }
   std::vector<PackedTasks> tasks;
   std::vector<int64_t> start{0};
   for (const auto& o : outs) {

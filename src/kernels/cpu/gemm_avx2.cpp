@@ -2,8 +2,9 @@
 // summed with VPMADDUBSW + VPMADDWD. The 16-bit pair sums of several VPMADDUBSW are added in 16 bits
 // before one VPMADDWD widens them (kChain below), so that most of a block's multiplies are products,
 // not widenings. 8-bit values (offset 128, Q8_0) are multiplied as signed values with the sign moved
-// onto the activation, which gives the same integer S - 128 * sum(x). Compiled with this level's
-// flags only.
+// onto the activation, which gives the same integer S - 128 * sum(x). 5-bit types read either plane
+// order (packed.h: PlaneLayout); weights packed on a CPU without AVX-512 have ValueBytes, whose bits
+// take 2 operations per vector instead of 5. Compiled with this level's flags only.
 #include <immintrin.h>
 
 #include <cstdlib>
@@ -31,7 +32,7 @@ inline __m256i bcast4(const int8_t* p) {
 template <bool kNib, bool kPlane, bool kSigned>
 constexpr int kChain = kSigned ? 1 : !kNib ? 2 : kPlane ? 4 : 8;
 
-// 32 bits of a bit plane as 32 bytes: 0x10 where the bit is set, 0 elsewhere.
+// 32 bits of a StepMasks plane as 32 bytes: 0x10 where the bit is set, 0 elsewhere.
 inline __m256i plane_bits(const uint8_t* p) {
   int32_t m;
   std::memcpy(&m, p, 4);
@@ -48,14 +49,25 @@ inline __m256i pair16(__m256i lo, __m256i hi) {
   return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
 }
 
+// Step k4's fifth bits of a ValueBytes plane's half (bit k4 of each byte) at bit 4: the 16-bit shift
+// moves bits across bytes only below bit 4 (left by 4 - k4) or above it (right by at most 3).
+inline __m256i plane_step(__m256i half, int k4) {
+  const __m256i at4 = k4 < 4 ? _mm256_slli_epi16(half, 4 - k4) : k4 > 4 ? _mm256_srli_epi16(half, k4 - 4) : half;
+  return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+}
+
 // Step k4 (values 4*k4 .. 4*k4+3 of each row) of half h of a block: one vector of 8 rows' 4 values.
-template <bool kNib, bool kPlane>
+// kByValue: the plane is in ValueBytes order (packed.h), else StepMasks.
+template <bool kNib, bool kPlane, bool kByValue>
 inline __m256i load_step(const uint8_t* blk, int h, int k4) {
   const __m256i raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * (kNib ? k4 % 4 : k4) + 32 * h));
   if constexpr (!kNib) return raw;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i v = _mm256_and_si256(k4 < 4 ? raw : _mm256_srli_epi16(raw, 4), low4);
-  if constexpr (kPlane) v = _mm256_or_si256(v, plane_bits(blk + 256 + 8 * k4 + 4 * h));
+  if constexpr (kPlane && kByValue)  // the same 32 bytes for every step: loaded once when unrolled
+    v = _mm256_or_si256(v, plane_step(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 256 + 32 * h)), k4));
+  else if constexpr (kPlane)
+    v = _mm256_or_si256(v, plane_bits(blk + 256 + 8 * k4 + 4 * h));
   return v;
 }
 
@@ -63,7 +75,7 @@ inline __m256i load_step(const uint8_t* blk, int h, int k4) {
 // [K0, K1) of block b (4 values each) with the token's activations. Steps run outermost: each step's
 // weights are unpacked once and used for every token of the tile, whose 16-bit chains (kChain) and sums
 // stay in registers, so no unpacked block is held.
-template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned>
+template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
 inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
   constexpr int C = kChain<kNib, kPlane, kSigned>;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -71,7 +83,7 @@ inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0
     __m256i s16[NT];
     for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();  // folded into the first add
     for (int k = c; k < c + C && k < K1; ++k) {
-      const __m256i v = load_step<kNib, kPlane>(blk, h, k);
+      const __m256i v = load_step<kNib, kPlane, kByValue>(blk, h, k);
       __m256i u = v, q = v;  // unsigned weights; signed: |u - 128|, with the sign moved onto x
       if constexpr (kSigned) {
         q = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
@@ -115,7 +127,7 @@ inline void store_half(const PackedWeights& w, int64_t g, int h, int64_t t0, con
 
 // One half (8 rows) of a group; kSub as in gemm_avx512.cpp. kSigned: 8-bit values (Q8_0), whose
 // signed products already are S - 128 * sum(x).
-template <int NT, bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned>
+template <int NT, bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned, bool kByValue>
 void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -132,9 +144,9 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
         const __m256i shi = widen8(w.sub.data() + w.int_index(g, b) + kPackRows + 8 * h);
         __m256i lo[NT], hi[NT];
         for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_si256();
-        add_steps<NT, 0, 4, kNib, kPlane, kSigned>(blk, h, x, t0, b, lo);
+        add_steps<NT, 0, 4, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, lo);
         for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(slo, lo[t]));
-        add_steps<NT, 4, 8, kNib, kPlane, kSigned>(blk, h, x, t0, b, hi);
+        add_steps<NT, 4, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, hi);
         const __m256i neg_off = _mm256_set1_epi32(-w.offset);
         const __m256i offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
         for (int t = 0; t < NT; ++t) {
@@ -144,7 +156,7 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
       } else {
         __m256i sum[NT];
         start_sums<NT, kSigned>(w, x, t0, b, sum);
-        add_steps<NT, 0, 8, kNib, kPlane, kSigned>(blk, h, x, t0, b, sum);
+        add_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, sum);
         if constexpr (kSub == 1) {
           const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
           for (int t = 0; t < NT; ++t) sum[t] = _mm256_mullo_epi32(slo, sum[t]);
@@ -181,7 +193,7 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
 // goes straight into the float accumulator, so no integer sums stay live across blocks. The integer
 // sum per (row, token, block) is S - offset * sum(x), as in tile_half, and the float steps are the
 // same: the same bits.
-template <int NT, bool kNib, bool kPlane, bool kSigned>
+template <int NT, bool kNib, bool kPlane, bool kSigned, bool kByValue>
 void tile_half_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -191,7 +203,7 @@ void tile_half_one_block(const PackedWeights& w, const PackedActs& x, int64_t g,
     if (h == 0) prefetch_ahead<kNib, kPlane>(blk);
     __m256i sum[NT];
     start_sums<NT, kSigned>(w, x, t0, b, sum);
-    add_steps<NT, 0, 8, kNib, kPlane, kSigned>(blk, h, x, t0, b, sum);
+    add_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, sum);
     const __m256 sc = _mm256_loadu_ps(w.scale.data() + w.super_index(g, b) + 8 * h);
     for (int t = 0; t < NT; ++t) {
       const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
@@ -213,17 +225,17 @@ void run_tiles(const TileFn (&tiles)[kMaxTile + 1], const PackedWeights& w, cons
     }
 }
 
-template <bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned>
+template <bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned, bool kByValue>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSub, kMins, kSigned>,
-                                                  tile_half<2, kNib, kPlane, kSub, kMins, kSigned>,
-                                                  tile_half<3, kNib, kPlane, kSub, kMins, kSigned>,
-                                                  tile_half<4, kNib, kPlane, kSub, kMins, kSigned>};
+  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSub, kMins, kSigned, kByValue>,
+                                                  tile_half<2, kNib, kPlane, kSub, kMins, kSigned, kByValue>,
+                                                  tile_half<3, kNib, kPlane, kSub, kMins, kSigned, kByValue>,
+                                                  tile_half<4, kNib, kPlane, kSub, kMins, kSigned, kByValue>};
   if constexpr (kSub == 0 && !kMins) {
-    static constexpr TileFn kOneBlock[kMaxTile + 1] = {nullptr, tile_half_one_block<1, kNib, kPlane, kSigned>,
-                                                       tile_half_one_block<2, kNib, kPlane, kSigned>,
-                                                       tile_half_one_block<3, kNib, kPlane, kSigned>,
-                                                       tile_half_one_block<4, kNib, kPlane, kSigned>};
+    static constexpr TileFn kOneBlock[kMaxTile + 1] = {nullptr, tile_half_one_block<1, kNib, kPlane, kSigned, kByValue>,
+                                                       tile_half_one_block<2, kNib, kPlane, kSigned, kByValue>,
+                                                       tile_half_one_block<3, kNib, kPlane, kSigned, kByValue>,
+                                                       tile_half_one_block<4, kNib, kPlane, kSigned, kByValue>};
     if (w.sb == 1) return run_tiles(kOneBlock, w, x, g0, g1, t0, t1, y);
   }
   run_tiles(kTiles, w, x, g0, g1, t0, t1, y);
@@ -235,7 +247,10 @@ void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, i
                       float* y) {
   // Bytes without sub-scales are Q8_0 (offset 128): multiplied as signed values.
   with_layout(w.source, [&]<bool kNib, bool kPlane, int kSub, bool kMins>() {
-    run<kNib, kPlane, kSub, kMins, !kNib && kSub == 0>(w, x, g0, g1, t0, t1, y);
+    constexpr bool kSigned = !kNib && kSub == 0;
+    if constexpr (kPlane)
+      if (w.plane_by_value) return run<kNib, kPlane, kSub, kMins, kSigned, true>(w, x, g0, g1, t0, t1, y);
+    run<kNib, kPlane, kSub, kMins, kSigned, false>(w, x, g0, g1, t0, t1, y);
   });
 }
 

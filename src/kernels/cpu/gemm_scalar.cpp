@@ -14,7 +14,8 @@ int value_at(const PackedWeights& w, const uint8_t* blk, int r, int k) {
   const int low = k4 < 4 ? byte & 0x0F : byte >> 4;
   if (!w.plane) return low;
   const int j = 4 * r + i;  // byte j of vector k4
-  return low | (((blk[256 + 8 * k4 + j / 8] >> (j % 8)) & 1) << 4);
+  const int fifth = w.plane_by_value ? blk[256 + j] >> k4 : blk[256 + 8 * k4 + j / 8] >> (j % 8);
+  return low | ((fifth & 1) << 4);
 }
 
 float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int64_t t) {

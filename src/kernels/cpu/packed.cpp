@@ -87,11 +87,12 @@ void place_row(PackedWeights& p, int64_t g, int r, const uint8_t* u) {
     for (int j = 0; j < 4; ++j)
       for (int i = 0; i < 4; ++i) dst[j * 64 + 4 * r + i] = uint8_t((v[4 * j + i] & 0x0F) | ((v[4 * (j + 4) + i] & 0x0F) << 4));
     if (!p.plane) continue;
-    for (int k4 = 0; k4 < 8; ++k4) {  // row r's 4 bytes of vector k4 are bits 4r .. 4r+3 of its mask
-      int bits = 0;
-      for (int i = 0; i < 4; ++i) bits |= ((v[4 * k4 + i] >> 4) & 1) << i;
-      dst[256 + 8 * k4 + r / 2] |= uint8_t(bits << (4 * (r % 2)));
-    }
+    for (int k4 = 0; k4 < 8; ++k4)
+      for (int i = 0; i < 4; ++i) {  // row r's 4 bytes of vector k4 are its bytes j = 4r .. 4r+3
+        const int j = 4 * r + i, bit = (v[4 * k4 + i] >> 4) & 1;
+        if (p.plane_by_value) dst[256 + j] |= uint8_t(bit << k4);
+        else dst[256 + 8 * k4 + j / 8] |= uint8_t(bit << (j % 8));
+      }
   }
 }
 
@@ -146,7 +147,7 @@ size_t PackedWeights::bytes() const {
 
 bool packable(DType type) { return layout_of(type) != nullptr; }
 
-std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w) {
+std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w, PlaneLayout plane) {
   const TypeLayout* l = layout_of(w.type);
   check(l != nullptr, "no packed layout for this weight type");
   const int64_t unit = dtype_info(w.type).block_elems;
@@ -154,6 +155,8 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w) {
   auto p = std::make_shared<PackedWeights>();
   p->source = w.type;
   p->nibbles = l->nibbles, p->plane = l->plane, p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
+  if (plane == PlaneLayout::ForThisCpu) plane = detected_isa() >= Isa::Avx512 ? PlaneLayout::StepMasks : PlaneLayout::ValueBytes;
+  p->plane_by_value = l->plane && plane == PlaneLayout::ValueBytes;
   p->offset = l->offset, p->sb = int(unit / kPackBlock);
   p->rows = w.rows, p->cols = w.cols;
   p->n_groups = (w.rows + kPackRows - 1) / kPackRows, p->n_blocks = w.cols / kPackBlock, p->n_super = w.cols / unit;

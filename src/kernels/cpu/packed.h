@@ -5,8 +5,8 @@
 // each row r, its 4 values 4*k4 .. 4*k4+3 at bytes 4r .. 4r+3: one VPDPBUSD with a broadcast of 4
 // activation bytes adds 4 products to each of the 16 rows' sums. Types of up to 4 bits keep two values
 // per byte (256 bytes per group and block: vector j carries k4 = j in its low nibbles, k4 = j + 4 in
-// its high nibbles). 5-bit types add a bit plane after the nibbles: 8 64-bit masks, bit j of mask k4
-// being the fifth bit of byte j of vector k4 (320 bytes per group and block). 6- and 8-bit types keep
+// its high nibbles). 5-bit types add a bit plane after the nibbles, 64 bytes in one of two orders
+// (PlaneLayout below; 320 bytes per group and block). 6- and 8-bit types keep
 // one value per byte (512 bytes). Every value is unsigned (u); the type's meaning is restored by an
 // offset, integer sub-scales and mins.
 //
@@ -57,10 +57,22 @@ struct WeightsDeleter {
 std::unique_ptr<uint8_t[], WeightsDeleter> alloc_weights(size_t bytes);
 constexpr size_t kHugePage = size_t(2) << 20;
 
+// The order of a block's 64 bytes of fifth bits (5-bit types). Both hold, for each step k4 and each
+// byte j of vector k4, the fifth bit of that value:
+//  - StepMasks: 8 64-bit masks, bit j of mask k4. AVX-512 and AMX load a mask into a mask register
+//    and add 16 under it: one operation per vector.
+//  - ValueBytes: 64 bytes, bit k4 of byte j. AVX2 has no mask registers; it loads a half's 32 bytes
+//    once per block and takes step k4's bits with a shift and an AND (2 operations per vector, against
+//    5 to spread a mask's bits into bytes).
+// ForThisCpu: ValueBytes on a CPU without AVX-512 (whose kernels cannot run there), StepMasks
+// otherwise. The scalar and AVX2 levels read both; AVX-512 and AMX read StepMasks only.
+enum class PlaneLayout { ForThisCpu, StepMasks, ValueBytes };
+
 struct PackedWeights {
   DType source = DType::F32;  // the GGUF type the values came from
   bool nibbles = false;       // two values of up to 4 bits per byte; otherwise one byte per value
   bool plane = false;         // with nibbles: a fifth bit per value in a bit plane
+  bool plane_by_value = false;  // the plane is in PlaneLayout::ValueBytes order (else StepMasks)
   bool has_sub = false;       // integer sub-scales inside a super-block (k-quants)
   bool split = false;         // sub-scales and mins per 16-value half rather than per block
   bool mins = false;          // a float min scale per (row, super-block) and integer mins
@@ -85,8 +97,8 @@ struct PackedWeights {
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
 bool packable(DType type);
 // Repacks a matrix of a packable type; rows need not be a multiple of 16 (the last group is padded
-// with zero scales). Runs on the compute pool.
-std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w);
+// with zero scales). Runs on the compute pool. `plane` is for tests, which pack both orders.
+std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w, PlaneLayout plane = PlaneLayout::ForThisCpu);
 
 // Activations of n_tok rows, quantized as the weight type is multiplied with (act_quant.h: Q8_0 for
 // the 32-blocks types (Q8_1 has the same values), Q8_K for k-quants), in the layout the packed kernels
