@@ -6,6 +6,7 @@ figures measured with llama.cpp (commit c392e5094, CPU, default F16 KV cache) on
   llama-simple -m MODEL -n 32 PROMPT
 """
 import json
+import os
 import re
 
 import pytest
@@ -215,3 +216,17 @@ def test_bench_depth_and_roofline():
     rows = _bench_rows(run("bench", "-m", STORIES, "-p", 8, "-n", 4, "-r", 1).stdout)
     assert list(rows) == ["pp8", "tg4"] and all(len(c) == 3 for c in rows.values())
     assert "-d must be >= 0" in run("bench", "-m", STORIES, "-d", "-1", check=False).stderr
+
+
+def test_bench_gemm_runs_the_kernel_benchmark_at_the_active_level():
+    """scripts/bench-gemm runs build/serval_bench_gemm and tabulates its cases; the figure itself is
+    never checked (speed is measured, not asserted), only that the kernel ran at the level asked for."""
+    import subprocess
+    from conftest import BUILD, ROOT
+    script = [str(ROOT / "scripts" / "bench-gemm"), "--rounds", "1", "--min-time", "0.001",
+              "--filter", "q5_0_ffn_up/tokens:4$", str(BUILD / "serval_bench_gemm")]
+    out = subprocess.run(script, capture_output=True, text=True, check=True, timeout=120,
+                         env={**os.environ, "SERVAL_ISA": "scalar"}).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| q5_0")]
+    assert len(rows) == 1 and "(scalar)" in out.splitlines()[0], out
+    assert re.fullmatch(r"\| q5_0_ffn_up/tokens:4 \| [\d.]+ / [\d.]+ \|", rows[0]), rows[0]
