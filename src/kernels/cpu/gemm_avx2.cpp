@@ -101,8 +101,10 @@ inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0
 }
 
 // add_steps with the loops the other way round inside each chain: a chain's (at most 4) unpacked
-// step vectors are held, and each token's chain runs over them at once, so that one 16-bit chain is
-// live instead of one per token of the tile (NT = 4: 4 + 3 * NT + 3 registers, not 5 * NT / 4 + ...).
+// step vectors are held, and each token's chain runs over them at once. Live: the C step vectors, a
+// sum and an accumulator per token, one chain and one broadcast; add_steps keeps a chain per token
+// besides, and the unpacking's temporaries, which at 4 tokens is more than AVX2's 16 registers.
+// Chains of 8 (4-bit values) are cut into two of 4 here: one more widening per block and token.
 template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
 inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
   constexpr int C = kChain<kNib, kPlane, kSigned> < 4 ? kChain<kNib, kPlane, kSigned> : 4;
