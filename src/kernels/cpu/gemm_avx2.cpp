@@ -48,6 +48,7 @@ inline __m256i widen8(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_e
 inline __m256i pair16(__m256i lo, __m256i hi) {
   return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
 }
+inline __m256i sub_pairs(__m256i sub) { return pair16(sub, sub); }
 
 // Step k4's fifth bits of a ValueBytes plane's half (bit k4 of each byte) at bit 4: the 16-bit shift
 // moves bits across bytes only below bit 4 (left by 4 - k4) or above it (right by at most 3).
@@ -76,9 +77,9 @@ inline __m256i load_step(const uint8_t* blk, int h, int k4) {
 // weights are unpacked once and used for every token of the tile, whose 16-bit chains (kChain) and sums
 // stay in registers, so no unpacked block is held.
 template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
-inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
+inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32,
+                      __m256i mul) {
   constexpr int C = kChain<kNib, kPlane, kSigned>;
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int c = K0; c < K1; c += C) {
     __m256i s16[NT];
     for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();  // folded into the first add
@@ -96,7 +97,7 @@ inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0
         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(u, xb));
       }
     }
-    for (int t = 0; t < NT; ++t) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(s16[t], ones));
+    for (int t = 0; t < NT; ++t) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(s16[t], mul));
   }
 }
 
@@ -106,9 +107,9 @@ inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0
 // besides, and the unpacking's temporaries, which at 4 tokens is more than AVX2's 16 registers.
 // Chains of 8 (4-bit values) are cut into two of 4 here: one more widening per block and token.
 template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
-inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
+inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32,
+                           __m256i mul) {
   constexpr int C = kChain<kNib, kPlane, kSigned> < 4 ? kChain<kNib, kPlane, kSigned> : 4;
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int c = K0; c < K1; c += C) {
     __m256i v[C];
     for (int k = 0; k < C; ++k) v[k] = load_step<kNib, kPlane, kByValue>(blk, h, c + k);
@@ -117,7 +118,7 @@ inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64
       const int8_t* xq = x.row(t0 + t) + b * kPackBlock + 4 * c;
       __m256i s16 = _mm256_maddubs_epi16(v[0], bcast4(xq));
       for (int k = 1; k < C; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[k], bcast4(xq + 4 * k)));
-      s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(s16, ones));
+      s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(s16, mul));
     }
   }
 }
@@ -125,10 +126,14 @@ inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64
 // Tiles of 3 or more tokens hold a chain's steps (add_steps_held: fewer live registers, 12-15 % faster
 // at 4 tokens); smaller ones run steps outermost (add_steps: held steps were 5-15 % slower at 1-2
 // tokens). Signed (Q8_0) products keep add_steps: their chains are one step long.
+// `mul`: per row, the int16 pair each chain's pair sums are multiplied by as VPMADDWD widens them: ones,
+// or a sub-scale twice (sub_pairs), which adds sub * S exactly (|chain| < 32768, |sub| <= 128) without
+// a sum per token and a VPMULLD (Q4_K 1- and 4-token tiles alone: 5-14 % faster, minimum of 12 rounds).
 template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
-inline void add_block_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32) {
-  if constexpr (kSigned || NT < 3) add_steps<NT, K0, K1, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, s32);
-  else add_steps_held<NT, K0, K1, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, s32);
+inline void add_block_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32,
+                            __m256i mul = _mm256_set1_epi16(1)) {
+  if constexpr (kSigned || NT < 3) add_steps<NT, K0, K1, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, s32, mul);
+  else add_steps_held<NT, K0, K1, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, s32, mul);
 }
 
 // Per token, -offset * sum(x) over block b: the start of S - offset * sum(x) (0 for Q8_0, whose signed
@@ -173,25 +178,24 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
       if constexpr (kSub == 2) {
         const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
         const __m256i shi = widen8(w.sub.data() + w.int_index(g, b) + kPackRows + 8 * h);
-        __m256i lo[NT], hi[NT];
-        for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_si256();
-        add_block_steps<NT, 0, 4, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, lo);
-        for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(slo, lo[t]));
-        add_block_steps<NT, 4, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, hi);
+        add_block_steps<NT, 0, 4, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
+        add_block_steps<NT, 4, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(shi));
         const __m256i neg_off = _mm256_set1_epi32(-w.offset);
         const __m256i offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
-        for (int t = 0; t < NT; ++t) {
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(shi, hi[t]));
+        for (int t = 0; t < NT; ++t)
           isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(offp, _mm256_set1_epi32(pairs[t * nb + b])));
+      } else if constexpr (kSub == 1) {  // sub * (S - offset * sum(x)), the offset's part as kSub == 2's
+        const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
+        add_block_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
+        if (w.offset != 0) {  // Q4_K and Q5_K have none
+          const __m256i offp = sub_pairs(_mm256_mullo_epi32(slo, _mm256_set1_epi32(-w.offset)));
+          for (int t = 0; t < NT; ++t)
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(offp, _mm256_set1_epi32(pairs[t * nb + b])));
         }
       } else {
         __m256i sum[NT];
         start_sums<NT, kSigned>(w, x, t0, b, sum);
         add_block_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, sum);
-        if constexpr (kSub == 1) {
-          const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
-          for (int t = 0; t < NT; ++t) sum[t] = _mm256_mullo_epi32(slo, sum[t]);
-        }
         for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], sum[t]);
       }
     }
