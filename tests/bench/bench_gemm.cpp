@@ -7,7 +7,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <string>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "base/cpu.h"
@@ -40,11 +41,9 @@ const Case kCases[] = {{"q5_0_ffn_up", DType::Q5_0, 4864, 896},   {"q5_0_ffn_dow
                        {"q6_k_ffn_down", DType::Q6_K, 1024, 4864}};
 
 void run_case(benchmark::State& state, const Case& c) {
-  static std::vector<std::pair<const Case*, Matrix*>> made;  // one packed copy of each matrix
-  Matrix* m = nullptr;
-  for (auto& [k, v] : made)
-    if (k == &c) m = v;
-  if (!m) made.emplace_back(&c, m = new Matrix(c.type, c.rows, c.cols));
+  static std::map<const Case*, std::unique_ptr<Matrix>> made;  // each matrix packed once, for every token count
+  auto& m = made[&c];
+  if (!m) m = std::make_unique<Matrix>(c.type, c.rows, c.cols);
   const int64_t n_tok = state.range(0);
   std::vector<float> x(n_tok * c.cols), y(n_tok * c.rows);
   for (size_t i = 0; i < x.size(); ++i) x[i] = float((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
