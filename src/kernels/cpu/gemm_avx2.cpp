@@ -123,8 +123,8 @@ inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64
   }
 }
 
-// Tiles of 3 or more tokens hold a chain's steps (add_steps_held: fewer live registers, 12-15 % faster
-// at 4 tokens); smaller ones run steps outermost (add_steps: held steps were 5-15 % slower at 1-2
+// Tiles of 3 or more tokens hold a chain's steps (add_steps_held: fewer live registers, Q5_0 and Q4_K
+// 4-token tiles 15-19 % faster alone); smaller ones run steps outermost (add_steps: held steps were 5-15 % slower at 1-2
 // tokens). Signed (Q8_0) products keep add_steps: their chains are one step long.
 // `mul`: per row, the int16 pair each chain's pair sums are multiplied by as VPMADDWD widens them: ones,
 // or a sub-scale twice (sub_pairs), which adds sub * S exactly (|chain| < 32768, |sub| <= 128) without
@@ -184,14 +184,10 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
         const __m256i offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
         for (int t = 0; t < NT; ++t)
           isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(offp, _mm256_set1_epi32(pairs[t * nb + b])));
-      } else if constexpr (kSub == 1) {  // sub * (S - offset * sum(x)), the offset's part as kSub == 2's
+      } else if constexpr (kSub == 1) {  // sub * S: the types with a sub-scale per block (Q4_K, Q5_K) have
+        // no offset (the bitwise tests of every packable type would catch one that had)
         const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
         add_block_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
-        if (w.offset != 0) {  // Q4_K and Q5_K have none
-          const __m256i offp = sub_pairs(_mm256_mullo_epi32(slo, _mm256_set1_epi32(-w.offset)));
-          for (int t = 0; t < NT; ++t)
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(offp, _mm256_set1_epi32(pairs[t * nb + b])));
-        }
       } else {
         __m256i sum[NT];
         start_sums<NT, kSigned>(w, x, t0, b, sum);
