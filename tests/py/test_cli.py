@@ -8,10 +8,11 @@ figures measured with llama.cpp (commit c392e5094, CPU, default F16 KV cache) on
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
-from conftest import DATA, MODELS, cached_model, run
+from conftest import BUILD, DATA, MODELS, ROOT, cached_model, run
 
 STORIES = MODELS / "stories260K.gguf"
 TINY_Q8 = MODELS / "TinyStories-656K-Q8_0.gguf"
@@ -221,8 +222,6 @@ def test_bench_depth_and_roofline():
 def test_bench_gemm_runs_the_kernel_benchmark_at_the_active_level():
     """scripts/bench-gemm runs build/serval_bench_gemm and tabulates its cases; the figure itself is
     never checked (speed is measured, not asserted), only that the kernel ran at the level asked for."""
-    import subprocess
-    from conftest import BUILD, ROOT
     script = [str(ROOT / "scripts" / "bench-gemm"), "--rounds", "1", "--min-time", "0.001",
               "--filter", "q5_0_ffn_up/tokens:4$", str(BUILD / "serval_bench_gemm")]
     out = subprocess.run(script, capture_output=True, text=True, check=True, timeout=120,
