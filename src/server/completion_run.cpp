@@ -23,10 +23,6 @@ std::string random_id(const char* prefix) {
   return fmt::format("{}-{:016x}", prefix, rng());
 }
 
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 const char* finish_name(FinishReason r) {
   switch (r) {
     case FinishReason::Stop: return "stop";
@@ -37,6 +33,10 @@ const char* finish_name(FinishReason r) {
 }
 
 }  // namespace
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 CompletionRun::CompletionRun(RunContext ctx, GenJob job, std::shared_ptr<http::Exchange> exchange,
                              net::any_io_executor io)

@@ -24,6 +24,9 @@ namespace serval {
 
 class Model;
 
+// Seconds since the Unix epoch (the `created` field of OpenAI objects).
+int64_t unix_now();
+
 // What a run needs from the server that owns it.
 struct RunContext {
   const Model* model = nullptr;

@@ -35,10 +35,6 @@ http::Response transport_error(int status, const std::string& message) {
   return error_response(ApiError{status, message, status == 413 ? "invalid_request_error" : "bad_request"});
 }
 
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 struct HttpServer::Impl {

@@ -9,7 +9,7 @@
 
 namespace serval {
 
-using nlohmann::json;
+using Json = nlohmann::json;  // not serval::json (api_request.h: ordered_json)
 
 namespace {
 
@@ -22,22 +22,22 @@ const char* tag_of(KvEvent::Kind k) {
   return "";
 }
 
-json parent_json(const KvEvent& e) { return e.parent_hash ? json(*e.parent_hash) : json(nullptr); }
+Json parent_json(const KvEvent& e) { return e.parent_hash ? Json(*e.parent_hash) : Json(nullptr); }
 
 // vLLM's fields in declaration order (lora_id and lora_name are null: Serval has no adapters).
-json event_array(const KvEvent& e, const KvEventsConfig& cfg) {
+Json event_array(const KvEvent& e, const KvEventsConfig& cfg) {
   switch (e.kind) {
     case KvEvent::Kind::BlockStored:
-      return json::array({tag_of(e.kind), e.block_hashes, parent_json(e), e.token_ids, cfg.block_size, nullptr,
+      return Json::array({tag_of(e.kind), e.block_hashes, parent_json(e), e.token_ids, cfg.block_size, nullptr,
                           cfg.medium, nullptr});
-    case KvEvent::Kind::BlockRemoved: return json::array({tag_of(e.kind), e.block_hashes, cfg.medium});
+    case KvEvent::Kind::BlockRemoved: return Json::array({tag_of(e.kind), e.block_hashes, cfg.medium});
     case KvEvent::Kind::AllBlocksCleared: break;
   }
-  return json::array({tag_of(e.kind)});
+  return Json::array({tag_of(e.kind)});
 }
 
-json event_map(const KvEvent& e, const KvEventsConfig& cfg) {
-  json j = {{"type", tag_of(e.kind)}};
+Json event_map(const KvEvent& e, const KvEventsConfig& cfg) {
+  Json j = {{"type", tag_of(e.kind)}};
   if (e.kind == KvEvent::Kind::AllBlocksCleared) return j;
   j["block_hashes"] = e.block_hashes;
   if (e.kind == KvEvent::Kind::BlockStored) {
@@ -69,7 +69,7 @@ double now_seconds() {
 }  // namespace
 
 void parse_kv_events_config(const std::string& text, KvEventsConfig& cfg) {
-  const json j = json::parse(text, nullptr, false);
+  const Json j = Json::parse(text, nullptr, false);
   check(j.is_object(), "--kv-events-config must be a JSON object");
   auto str = [&](const char* key, std::string& out) {
     if (!j.contains(key) || j[key].is_null()) return;
@@ -105,11 +105,11 @@ void parse_kv_events_config(const std::string& text, KvEventsConfig& cfg) {
 
 std::string encode_kv_event_batch(double ts, const std::vector<KvEvent>& events, const KvEventsConfig& cfg) {
   const bool as_map = cfg.encoding == "map";
-  json list = json::array();
+  Json list = Json::array();
   for (const auto& e : events) list.push_back(as_map ? event_map(e, cfg) : event_array(e, cfg));
-  const json batch = as_map ? json{{"ts", ts}, {"events", std::move(list)}, {"data_parallel_rank", cfg.data_parallel_rank}}
-                            : json::array({ts, std::move(list), cfg.data_parallel_rank});
-  const std::vector<uint8_t> bytes = json::to_msgpack(batch);
+  const Json batch = as_map ? Json{{"ts", ts}, {"events", std::move(list)}, {"data_parallel_rank", cfg.data_parallel_rank}}
+                            : Json::array({ts, std::move(list), cfg.data_parallel_rank});
+  const std::vector<uint8_t> bytes = Json::to_msgpack(batch);
   return {bytes.begin(), bytes.end()};
 }
 
