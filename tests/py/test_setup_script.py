@@ -16,7 +16,8 @@ BROKEN = "int main() { return 0 }  // syntax error\n"
 
 def make_tree(tmp_path):
     (tmp_path / "scripts").mkdir()
-    shutil.copy2(ROOT / "scripts" / "setup", tmp_path / "scripts" / "setup")
+    for script in ("setup", "build-tree"):
+        shutil.copy2(ROOT / "scripts" / script, tmp_path / "scripts" / script)
     (tmp_path / "CMakeLists.txt").write_text(textwrap.dedent("""\
         cmake_minimum_required(VERSION 3.20)
         project(setup_test LANGUAGES CXX)
