@@ -1,6 +1,7 @@
 """scripts/heads-corpus's requests, without a server: deterministic for a seed, never one of the
 benchmark prompts' functions, and a rename request names a variable its function assigns."""
 import ast
+import functools
 import importlib.machinery
 import importlib.util
 import random
@@ -9,6 +10,7 @@ import re
 from conftest import ROOT
 
 
+@functools.lru_cache(maxsize=1)  # once per session: loading it parses the standard library's functions (~15 s)
 def load():
     loader = importlib.machinery.SourceFileLoader("heads_corpus", str(ROOT / "scripts" / "heads-corpus"))
     spec = importlib.util.spec_from_loader("heads_corpus", loader)
