@@ -211,7 +211,7 @@ void run_bench(const BenchOptions& o) {
 void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt processing (pp) and generation (tg) tokens/s");
   auto o = std::make_shared<BenchOptions>();
-  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-m,--model,model", o->model, "model")->required();
   cmd->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (default 128)");
   cmd->add_option("-n,--n-gen", o->n_gen, "generated tokens (default 64)");
   cmd->add_option("-d,--n-depth", o->depths,

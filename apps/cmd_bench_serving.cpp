@@ -183,7 +183,7 @@ void run_selected_mode(const CLI::App& cmd, BenchServingFlags& f) {
 }
 
 void add_in_process_flags(CLI::App* cmd, ServingOptions& o) {
-  cmd->add_option("-m,--model", o.model, "model")->group(kInProcess);
+  cmd->add_option("-m,--model,model", o.model, "model")->group(kInProcess);
   cmd->add_option("--mode", o.mode, "continuous, naive or both (default)")->group(kInProcess);
   cmd->add_option("--prompt-len", o.prompt_len, "MIN:MAX prompt tokens (default 16:256)")->group(kInProcess);
   const size_t before = cmd->get_options().size();

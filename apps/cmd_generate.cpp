@@ -133,7 +133,7 @@ void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Complete a prompt, streaming text to stdout");
   auto o = std::make_shared<GenerateOptions>();
   auto& s = o->sampling;
-  cmd->add_option("-m,--model", o->model, "GGUF file, safetensors directory or cached model name")->required();
+  cmd->add_option("-m,--model,model", o->model, "GGUF file, safetensors directory or cached model name")->required();
   cmd->add_option("-p,--prompt", o->prompt, "prompt text");
   cmd->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
   cmd->add_option("-n,--n-predict", o->n_predict, "tokens to generate (default 128)");

@@ -157,7 +157,7 @@ void run_imatrix(ImatrixOptions o) {
 void add_imatrix(CLI::App& app) {
   auto* cmd = app.add_subcommand("imatrix", "Importance matrix (llama-imatrix): activation statistics for quantize --imatrix");
   auto o = std::make_shared<ImatrixOptions>();
-  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-m,--model,model", o->model, "model")->required();
   cmd->add_option("-f,--file", o->file, "text file to run the model over");
   cmd->add_option("-o,--output", o->out, "output file (default imatrix.gguf)");
   cmd->add_option("--output-format", o->format, "gguf or dat (default: dat when the output name ends in .dat, else gguf)");

@@ -56,7 +56,7 @@ void print_info(const std::string& path) {
 void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show a model's architecture, parameters, types and memory");
   auto path = std::make_shared<std::string>();
-  cmd->add_option("model", *path, "GGUF file, safetensors model directory, or cached model name")->required();
+  cmd->add_option("model,-m,--model", *path, "GGUF file, safetensors model directory, or cached model name")->required();
   cmd->callback([path] { print_info(resolve_model_path(*path)); });
 }
 
@@ -64,7 +64,7 @@ void add_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text, one per line");
   struct Opts { std::string model, prompt, tokenizer; bool no_bos = false, special = false, pieces = false; };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-m,--model,model", o->model, "model")->required();
   cmd->add_option("-p,--prompt", o->prompt, "text to tokenize")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_flag("--no-bos", o->no_bos, "add no special tokens (BOS/EOS)");

@@ -73,7 +73,7 @@ void run_perplexity(const PerplexityOptions& o) {
 void add_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp convention)");
   auto o = std::make_shared<PerplexityOptions>();
-  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-m,--model,model", o->model, "model")->required();
   cmd->add_option("-f,--file", o->file, "text file")->required();
   cmd->add_option("-c,--ctx-size", o->ctx, "chunk (context) size (default 512)");
   cmd->add_option("-b,--batch-size", o->batch, "tokens per forward pass (default 512)");
@@ -131,7 +131,7 @@ void run_score(const ScoreOptions& o) {
 void add_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Log-probabilities of given continuation tokens (teacher forcing), one JSON line each");
   auto o = std::make_shared<ScoreOptions>();
-  cmd->add_option("-m,--model", o->model, "model")->required();
+  cmd->add_option("-m,--model,model", o->model, "model")->required();
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("--ids", o->ids, "comma-separated continuation token ids")->required();
   cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);

@@ -126,7 +126,7 @@ void run_plan(const PlanOptions& o) {
 void add_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Capacity calculator: weight and KV memory, sequences that fit");
   auto o = std::make_shared<PlanOptions>();
-  cmd->add_option("model", o->model, "GGUF file or cached model name (optional)");
+  cmd->add_option("model,-m,--model", o->model, "GGUF file or cached model name (optional)");
   cmd->add_option("--preset", o->preset, "known model shape, e.g. llama3-8b, llama3-70b");
   cmd->add_option("--params", o->params, "number of weights, e.g. 70.6e9");
   cmd->add_option("--weight-bits", o->weight_bits, "bits per weight (16 for BF16, 4 for Q4)");

@@ -344,7 +344,7 @@ void add_quality(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "quality", "Perplexity, KL divergence from a reference and top-1 agreement of many models on one text");
   auto o = std::make_shared<QualityOptions>();
-  cmd->add_option("-m,--model", o->models,
+  cmd->add_option("-m,--model,model", o->models,
                   "model: the first is the reference, each later one a candidate compared with it (one alone: its PPL)")
       ->required();
   cmd->add_option("-f,--file", o->file, "text file")->required();

@@ -69,6 +69,8 @@ void run_serve(ServeOptions& o) {
   o.engine.spec.load_heads(*model);
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
+  fmt::print(stderr, "serval: scheduling: at most {} running requests, {} tokens per step\n", o.engine.max_seqs,
+             o.engine.max_batched_tokens);
   const auto kv_events = start_kv_events(o, engine);  // outlives the loop, which feeds it
   EngineLoop loop(engine);
   server.attach(*model, loop);
@@ -110,7 +112,7 @@ void add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with a web page at /");
   auto o = std::make_shared<ServeOptions>();
   auto& s = o->server;
-  cmd->add_option("model", o->model, "GGUF file, safetensors directory or cached model name")->required();
+  cmd->add_option("model,-m,--model", o->model, "GGUF file, safetensors directory or cached model name")->required();
   cmd->add_option("--host", s.host, "address to bind (default 127.0.0.1)");
   cmd->add_option("--port", s.port, "port (default 8080; 0 picks a free one)");
   cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY'");
@@ -118,6 +120,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--served-model-name", s.served_model_name, "model name clients use (default: the file name)");
   cmd->add_option("--chat-template", o->chat_template_file, "Jinja chat template file (default: the model's)");
   o->engine.add_to(cmd);
+  o->engine.add_ctx_size(cmd);
   cmd->add_option("--max-waiting", s.max_waiting, "queued requests before 429 (default 256)");
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (default 4 MiB)");
   cmd->add_option("--request-timeout", s.request_timeout_s, "seconds before a request is aborted (default 600)");

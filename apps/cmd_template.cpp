@@ -43,7 +43,7 @@ void run_template(const TemplateOptions& o) {
 void add_template(CLI::App& app) {
   auto* cmd = app.add_subcommand("chat-template", "Render a chat template for a conversation");
   auto o = std::make_shared<TemplateOptions>();
-  cmd->add_option("-m,--model", o->model, "take the template and BOS/EOS from this model");
+  cmd->add_option("-m,--model,model", o->model, "take the template and BOS/EOS from this model");
   cmd->add_option("--template", o->template_file, "Jinja template file");
   cmd->add_option("--messages", o->messages, "JSON list of {role, content}, or @FILE")->required();
   cmd->add_option("--bos", o->bos, "bos_token");

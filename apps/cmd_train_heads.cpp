@@ -386,7 +386,7 @@ void add_train_heads(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "train-heads", "Train decoding heads for --spec heads (Medusa-style, or Hydra-style with --token-input)");
   auto o = std::make_shared<TrainOptions>();
-  cmd->add_option("-m,--model", o->model, "the (frozen) target model")->required();
+  cmd->add_option("-m,--model,model", o->model, "the (frozen) target model")->required();
   cmd->add_option("-f,--file", o->corpus, "training text: files or directories (repeatable)")->required();
   cmd->add_option("-o,--output", o->output, "heads file to write (GGUF)")->required();
   cmd->add_option("--heads", o->heads, "number of heads (default 4)");

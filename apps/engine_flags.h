@@ -85,6 +85,7 @@ struct EngineFlags {
   std::string kv_memory, cache_type = "f16";
   int block_size = 16, max_seqs = 64;
   int64_t max_batched_tokens = 512, max_model_len = 0;
+  int64_t ctx_tokens = 0;  // -c on serve: the KV cache in tokens (0: from --kv-cache-memory)
   bool no_prefix_caching = false, priority = false;
   mutable SpecFlags spec;  // config() loads the draft model once
 
@@ -96,12 +97,24 @@ struct EngineFlags {
                     "KV budget: bytes (512MiB, 2GB) or a fraction of free memory (default " + kv_memory + ")");
     cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", cache_type, kKvCacheTypeHelp);
     cmd->add_option("--block-size", block_size, "tokens per KV block (default 16)");
-    cmd->add_option("--max-batched-tokens", max_batched_tokens, "tokens per engine step (default 512)");
-    if (with_max_seqs) cmd->add_option("--max-seqs", max_seqs, "running requests at most (default 64)");
+    cmd->add_option("--max-batched-tokens,--max-num-batched-tokens", max_batched_tokens,
+                    "tokens per engine step (default 512)");
+    if (with_max_seqs)
+      cmd->add_option("--max-seqs,--max-num-seqs,--parallel", max_seqs,
+                      "running requests at most (default 64; vLLM's --max-num-seqs, llama-server's -np)");
     cmd->add_option("--max-model-len", max_model_len, "context length (default: the model's)");
     cmd->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
     cmd->add_flag("--priority-scheduling", priority, "serve by request 'priority' (lower first), then arrival");
     spec.add_to(cmd);
+  }
+
+  // `-c/--ctx-size N` (llama-server's): the KV cache holds N tokens over all requests, in place of the
+  // --kv-cache-memory budget. llama-server splits N over its -np slots; here the requests share the
+  // paged cache, and one request may use all of it (up to --max-model-len).
+  void add_ctx_size(CLI::App* cmd) {
+    cmd->add_option("-c,--ctx-size", ctx_tokens,
+                    "KV cache size in tokens, shared by all requests (llama-server's -c; default: from --kv-cache-memory)")
+        ->check(CLI::NonNegativeNumber);
   }
 
   // The engine configuration the flags describe (loading the draft model, if any); throws Error.
@@ -109,6 +122,10 @@ struct EngineFlags {
     EngineConfig ec;
     ec.block_size = block_size;
     ec.kv_cache_bytes = kv_budget_from_string(kv_memory);
+    if (ctx_tokens > 0) {
+      check(block_size > 0, "--block-size must be positive (got {})", block_size);
+      ec.num_blocks = int32_t(std::min<int64_t>((ctx_tokens + block_size - 1) / block_size, INT32_MAX));
+    }
     ec.kv_type = parse_cache_type(cache_type);
     ec.max_model_len = max_model_len;
     ec.prefix_caching = !no_prefix_caching;

@@ -2,8 +2,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "apps/cli_habits.h"
 #include "apps/commands.h"
 #include "base/cpu.h"
 #include "base/error.h"
@@ -56,10 +60,20 @@ int report(const char* what) {
   return 1;
 }
 
+// CLI11's message for a command line it refused, then the nearest known flag or subcommand for each
+// argument it did not know ("--max-num-seq: did you mean '--max-num-seqs'?").
+int refused(CLI::App& app, const CLI::ParseError& e) {
+  const int rc = app.exit(e);
+  if (rc == 0) return rc;  // --help, --version
+  for (const std::string& arg : serval::cli::unknown_arguments(app))
+    if (const std::string hint = serval::cli::suggest_flag(app, arg); !hint.empty()) std::cerr << arg << ": " << hint << "\n";
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Serval: an LLM inference server"};
+  CLI::App app{"Serval: an LLM inference server", "serval"};
   app.require_subcommand(1);
   serval::cli::add_info(app);
   serval::cli::add_generate(app);
@@ -77,11 +91,19 @@ int main(int argc, char** argv) {
   serval::cli::add_serve(app);
   serval::cli::add_template(app);
   serval::cli::add_bench_serving(app);
+  // -ngl on every command that takes a model (llama.cpp users type it everywhere).
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_option_no_throw("--model") != nullptr) serval::cli::add_gpu_layers_flag(sub);
+  app.set_version_flag("--version", std::function<std::string()>(serval::cli::version_text));
+  // llama.cpp's -ngl, -np, -md ... as their long names (CLI11 would read "-ngl 99" as "-n gl").
+  std::vector<std::string> args = serval::cli::rewrite_llama_cpp_flags(argc, argv);
+  args.erase(args.begin());  // CLI11 takes them without argv[0], last first
+  std::reverse(args.begin(), args.end());
   try {
     serval::set_compute_threads(0);  // every command computes on the available cores unless -t says otherwise
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return refused(app, e);
   } catch (const serval::dist::WorkerExit&) {  // a rank > 0 of a split model, stopped by rank 0
   } catch (const serval::Error& e) {
     return report(e.what());
