@@ -144,6 +144,19 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--reuse-port", s.reuse_port, "bind with SO_REUSEPORT so several servers share the port");
   cmd->add_option("--metrics-names", s.metrics_names, "metric names in /metrics: serval (default) or vllm (also vLLM's vllm:... names, for routers)")
       ->check(CLI::IsMember({"serval", "vllm"}));
+  cmd->add_option_function<std::string>(
+         "--reasoning-parser,--reasoning-format",
+         [&s](const std::string& name) {
+           if (name == "gpt_oss")
+             throw CLI::ValidationError("--reasoning-parser", "gpt_oss: gpt-oss models (the harmony format) are not supported yet");
+           const auto format = reasoning_format_from_name(name);
+           if (!format)
+             throw CLI::ValidationError("--reasoning-parser", fmt::format("'{}': one of {}", name, reasoning_format_names()));
+           s.reasoning = *format;
+         },
+         "split a reasoning model's <think> section into reasoning_content: deepseek_r1 (the output starts in "
+         "the thinking), qwen3 (thinking when the output or the prompt opens <think>); llama.cpp's "
+         "--reasoning-format deepseek/auto are qwen3's rule, none (default) leaves it in content");
   add_kv_events_flags(cmd, *o);
   o->parallel.add_to(cmd);
   cmd->callback([o] { run_serve(*o); });

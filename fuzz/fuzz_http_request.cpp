@@ -4,7 +4,8 @@
 //   bit 0      chat (/v1/chat/completions) rather than /v1/completions
 //   bits 1-3   the chat template (tests/data/chat_templates/*.jinja sorted, modulo their number)
 //   bit 4      the server trusts a `chat_template` in the request body
-//   bits 5-6   1: /tokenize, 2: /detokenize, otherwise a generation request
+//   bits 5-6   1: /tokenize, 2: /detokenize, 3: Anthropic's /v1/messages (bit 0: /v1/messages/count_tokens),
+//              0: a generation request
 // The context is built once from ../shared/models/stories260K.gguf. The body goes through
 // parse_json_body and the request parser; a refusal must be an ApiError (whose JSON form must
 // serialize); anything else escaping, a crash or a sanitizer report is a finding. An accepted
@@ -25,6 +26,7 @@
 #include "model/model.h"
 #include "server/api_request.h"
 #include "server/jinja.h"
+#include "server/messages_api.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -37,6 +39,32 @@ std::vector<std::unique_ptr<serval::jinja::Template>> templates;
 void check_ids(const std::vector<int32_t>& ids, const serval::Tokenizer& tok, const char* what) {
   for (int32_t id : ids)
     if (id < 0 || id >= tok.n_vocab()) violation(what);
+}
+
+void check_job(const serval::GenJob& job, bool chat, const serval::ApiContext& ctx) {
+  if (job.chat != chat) violation("GenJob.chat");
+  if (job.prompt.empty()) violation("accepted an empty prompt");
+  check_ids(job.prompt, *ctx.tokenizer, "prompt id out of range");
+  const int64_t max_tokens = job.params.max_tokens;
+  if (max_tokens < 1 || int64_t(job.prompt.size()) + max_tokens > ctx.max_model_len)
+    violation("prompt plus max_tokens exceed the context");
+  if (job.n < 1 || job.n > 16) violation("n out of range");
+  if (job.logprobs < -1 || job.logprobs > 20) violation("logprobs out of range");
+  if (job.stops.size() > 16) violation("too many stop strings");
+  for (const auto& s : job.stops)
+    if (s.empty()) violation("empty stop string");
+}
+
+// Anthropic's Messages API: translated to a chat body, which must then parse (or be refused) as one.
+void messages_request(const serval::json& body, bool count_only, const serval::ApiContext& ctx) {
+  const serval::json chat = serval::messages_to_chat(body, count_only);
+  if (count_only) {
+    (void)serval::render_chat(chat, ctx);
+    return;
+  }
+  const serval::GenJob job = serval::parse_generation_request(chat, true, ctx);
+  check_job(job, true, ctx);
+  if (job.n != 1) violation("a Messages request asked for more than one choice");
 }
 
 }  // namespace
@@ -74,25 +102,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (control >> 5 & 3) {
       case 1: check_ids(serval::parse_tokenize_request(body, ctx), tok, "/tokenize gave an id out of range"); break;
       case 2: check_ids(serval::parse_detokenize_request(body, ctx), tok, "/detokenize accepted an id out of range"); break;
-      default: {
-        const serval::GenJob job = serval::parse_generation_request(body, chat, ctx);
-        if (job.chat != chat) violation("GenJob.chat");
-        if (job.prompt.empty()) violation("accepted an empty prompt");
-        check_ids(job.prompt, tok, "prompt id out of range");
-        const int64_t max_tokens = job.params.max_tokens;
-        if (max_tokens < 1 || int64_t(job.prompt.size()) + max_tokens > ctx.max_model_len)
-          violation("prompt plus max_tokens exceed the context");
-        if (job.n < 1 || job.n > 16) violation("n out of range");
-        if (job.logprobs < -1 || job.logprobs > 20) violation("logprobs out of range");
-        if (job.stops.size() > 16) violation("too many stop strings");
-        for (const auto& s : job.stops)
-          if (s.empty()) violation("empty stop string");
-        break;
-      }
+      case 3: messages_request(body, chat, ctx); break;
+      default: check_job(serval::parse_generation_request(body, chat, ctx), chat, ctx); break;
     }
   } catch (const serval::ApiError& e) {
     if (e.status < 400 || e.status > 599) violation("ApiError with a status that is not an error");
     (void)serval::dump(serval::error_json(e));  // the reply must serialize, whatever bytes the message holds
+    (void)serval::dump(serval::anthropic_error_json(e));
   }
   return 0;
 }

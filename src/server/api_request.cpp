@@ -312,13 +312,14 @@ constexpr FieldRule kFields[] = {
     {"response_format", kBoth, used}, {"metadata", kChat, metadata}, {"store", kChat, store},
     {"service_tier", kChat, service_tier}, {"modalities", kChat, modalities}, {"prompt_cache_key", kChat, short_string},
     {"safety_identifier", kChat, short_string}, {"audio", kChat, not_supported}, {"prediction", kChat, not_supported},
-    {"reasoning_effort", kChat, not_supported}, {"verbosity", kChat, not_supported},
+    {"reasoning_effort", kChat, used}, {"verbosity", kChat, not_supported},
     {"web_search_options", kChat, not_supported}, {"functions", kChat, not_supported},
     {"function_call", kChat, not_supported},
     // vLLM's and llama-server's extensions that Serval implements
     {"top_k", kBoth, used}, {"min_p", kBoth, used}, {"repetition_penalty", kBoth, used}, {"ignore_eos", kBoth, used},
     {"stop_token_ids", kBoth, used}, {"priority", kBoth, used}, {"speculative", kBoth, used},
     {"speculative.n_max", kBoth, used}, {"chat_template", kChat, used}, {"add_generation_prompt", kChat, used},
+    {"chat_template_kwargs", kChat, used},
     // Structured output (src/server/structured_output.cpp): vLLM's fields, then llama-server's
     {"structured_outputs", kBoth, used}, {"guided_json", kBoth, used}, {"guided_regex", kBoth, used},
     {"guided_choice", kBoth, used}, {"guided_grammar", kBoth, used}, {"guided_decoding_backend", kBoth, short_string},
@@ -408,6 +409,30 @@ json template_messages(const json& messages) {
   return out;
 }
 
+// The template variables a request adds: vLLM's `chat_template_kwargs` (e.g. {"enable_thinking": false}
+// for Qwen3's template) and OpenAI's `reasoning_effort` (gpt-oss's template reads it). The variables
+// Serval sets itself cannot be replaced.
+void request_template_vars(const json& body, json& vars) {
+  if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
+    const json& kw = body["chat_template_kwargs"];
+    if (!kw.is_object() || kw.size() > 32)
+      bad_request("'chat_template_kwargs' must be an object of at most 32 variables", "chat_template_kwargs");
+    for (const auto& [key, value] : kw.items()) {
+      if (vars.contains(key) || key == "tools" || key == "reasoning_effort")
+        bad_request(fmt::format("'chat_template_kwargs' cannot set '{}' (the request's own fields set it)", key),
+                    "chat_template_kwargs");
+      vars[key] = value;
+    }
+  }
+  if (body.contains("reasoning_effort") && !body["reasoning_effort"].is_null()) {
+    static const json kEfforts = {"none", "minimal", "low", "medium", "high"};
+    const json& effort = body["reasoning_effort"];
+    if (std::find(kEfforts.begin(), kEfforts.end(), effort) == kEfforts.end())
+      bad_request("'reasoning_effort' must be one of none, minimal, low, medium, high", "reasoning_effort");
+    vars["reasoning_effort"] = effort;
+  }
+}
+
 std::string render_chat(const json& body, const ApiContext& ctx) {
   check_messages(body);
   const std::unique_ptr<jinja::Template> custom = request_template(body, ctx);
@@ -420,6 +445,7 @@ std::string render_chat(const json& body, const ApiContext& ctx) {
   if (!agp.is_boolean()) bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt");
   json vars{{"messages", template_messages(body["messages"])}, {"add_generation_prompt", agp},
             {"bos_token", v.bos >= 0 ? v.tokens[v.bos] : ""}, {"eos_token", v.eos >= 0 ? v.tokens[v.eos] : ""}};
+  request_template_vars(body, vars);
   if (body.contains("tools") && !body["tools"].is_null()) vars["tools"] = body["tools"];
   try {
     return tmpl->render(vars);
@@ -479,8 +505,14 @@ GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx)
   check_fields(b, chat);
   GenJob job;
   job.chat = chat;
-  job.prompt = chat ? tok.encode(render_chat(b, ctx), /*add_special=*/false, /*parse_special=*/true)
-                    : completion_prompt(b, tok);
+  if (chat) {
+    const std::string text = render_chat(b, ctx);
+    job.prompt = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+    job.reasoning = ctx.reasoning;
+    job.reasoning_open = prompt_opens_thinking(text);
+  } else {
+    job.prompt = completion_prompt(b, tok);
+  }
   if (job.prompt.empty()) bad_request("the chat template rendered an empty prompt", "messages");
   logprobs_from(b, chat, job);
   if (!chat) {

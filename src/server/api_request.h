@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "server/reasoning.h"
 #include "server/tool_calls.h"
 
 namespace serval {
@@ -44,6 +45,7 @@ struct ApiContext {
   bool trust_request_chat_template = false;        // accept `chat_template` in a request body
   std::string model_name;
   ToolFormat tool_format = ToolFormat::Hermes;  // how the model writes tool calls (from its template)
+  ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: chat replies split their thinking
 };
 
 // Everything one completion / chat request asks for, validated.
@@ -60,6 +62,11 @@ struct GenJob {
   bool parse_tool_calls = false;
   ToolFormat tool_format = ToolFormat::Hermes;
   json tools = json::array();
+  // Chat with --reasoning-parser: the thinking goes to reasoning_content; `reasoning_open`: the rendered
+  // prompt ended inside <think> (a template that pre-fills it), so the output starts in the thinking.
+  ReasoningFormat reasoning = ReasoningFormat::None;
+  bool reasoning_open = false;
+  bool messages_api = false;  // answer in the shape of Anthropic's Messages API (chat, one choice)
 };
 
 // A request body: must be a JSON object.

@@ -42,7 +42,7 @@ CompletionRun::CompletionRun(RunContext ctx, GenJob job, std::shared_ptr<http::E
                              net::any_io_executor io)
     : ctx_(std::move(ctx)), job_(std::move(job)), ex_(std::move(exchange)), strand_(net::make_strand(io)),
       deadline_(strand_), stream_(std::make_shared<TokenStream>()),
-      id_(random_id(job_.chat ? "chatcmpl" : "cmpl")), created_(unix_now()) {}
+      id_(random_id(job_.messages_api ? "msg" : job_.chat ? "chatcmpl" : "cmpl")), created_(unix_now()) {}
 
 void CompletionRun::start() {
   std::weak_ptr<CompletionRun> weak = weak_from_this();
@@ -81,6 +81,8 @@ void CompletionRun::submit_all() {
     GenerationParams p = job_.params;
     p.sampling.seed += uint64_t(i);  // n choices from one seed differ, and repeat with it
     choices_[i].text = std::make_unique<ChoiceText>(tok, job_.stops);
+    if (job_.reasoning != ReasoningFormat::None)
+      choices_[i].splitter = std::make_unique<ReasoningSplitter>(job_.reasoning, job_.reasoning_open);
     choices_[i].t_start = now;
     try {
       choices_[i].engine_id = ctx_.loop->submit_into(job_.prompt, p, stream_);
@@ -150,6 +152,7 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
     c.finish_reason = finish_name(ev.reason);
     c.done = true;
   }
+  split_reasoning(c, delta);
   c.full_text += delta;
   if (c.done && job_.parse_tool_calls) {
     c.parsed = parse_tool_calls(c.full_text, job_.tool_format, job_.tools);
@@ -163,9 +166,22 @@ bool CompletionRun::apply_event(const TokenEvent& ev, std::string& delta, size_t
   return true;
 }
 
+// With a reasoning parser: the thinking in `delta` moves to the choice's reasoning (and its
+// reasoning_delta); what is left in `delta` is the answer. Tool calls are parsed from the answer only.
+void CompletionRun::split_reasoning(Choice& c, std::string& delta) {
+  c.reasoning_delta.clear();
+  if (!c.splitter) return;
+  ReasoningParts parts = c.splitter->push(delta);
+  if (c.done) parts += c.splitter->finish();
+  c.reasoning += parts.reasoning;
+  c.reasoning_delta = std::move(parts.reasoning);
+  delta = std::move(parts.content);
+}
+
 void CompletionRun::send_sse(const json& payload) { ex_->write_chunk("data: " + dump(payload) + "\n\n"); }
 
 void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta, size_t index) {
+  if (job_.messages_api) return stream_messages_event(delta, index);
   if (job_.parse_tool_calls) return stream_tool_event(ev, index);
   Choice& c = choices_[index];
   const bool first = job_.chat && !c.started;
@@ -182,7 +198,9 @@ void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta,
                           with_prompt ? 0 : before + c.full_text.size() - delta.size());
     }
   }
-  if (!shown.empty() || first || lp != nullptr) send_sse(chunk_json(index, shown, nullptr, lp, first));
+  const std::string& thought = c.reasoning_delta;
+  if (!shown.empty() || !thought.empty() || first || lp != nullptr)
+    send_sse(chunk_json(index, shown, nullptr, lp, first, thought));
   if (c.done) send_sse(chunk_json(index, "", &c, nullptr, false));
 }
 
@@ -193,21 +211,30 @@ void CompletionRun::stream_tool_event(const TokenEvent& ev, size_t index) {
   const bool first = !c.started;
   c.started = true;
   const bool calls = c.done && !c.parsed.calls.empty();
-  const size_t hold = std::min(c.full_text.size(), tool_call_start(c.full_text, job_.tool_format));
-  const size_t until = calls ? c.streamed : c.done ? c.full_text.size() : std::max(c.streamed, hold);
-  std::string shown = c.full_text.substr(c.streamed, until - c.streamed);
-  c.streamed = until;
-  if (calls) shown = content_after_calls(c);
+  const std::string shown = tool_text_delta(c);
   json lp = nullptr;  // each token's log-probability as it comes, even while its text is held back
   if (job_.logprobs >= 0 && !ev.finished)
     lp = json{{"content", json::array({token_logprob_json(ev.token, ev.logprob, ev.top)})}};
-  if (!shown.empty() || first || lp != nullptr) send_sse(chunk_json(index, shown, nullptr, lp, first));
+  const std::string& thought = c.reasoning_delta;
+  if (!shown.empty() || !thought.empty() || first || lp != nullptr)
+    send_sse(chunk_json(index, shown, nullptr, lp, first, thought));
   if (calls) {
     json chunk = chunk_json(index, "", nullptr, nullptr, false);
     chunk["choices"][0]["delta"] = json{{"tool_calls", tool_calls_json(c, true)}};
     send_sse(chunk);
   }
   if (c.done) send_sse(chunk_json(index, "", &c, nullptr, false));
+}
+
+// With tools: the content that can be shown now (up to where a call may start) and, at the end, the
+// rest of it (the parsed content, when there were calls).
+std::string CompletionRun::tool_text_delta(Choice& c) {
+  const bool calls = c.done && !c.parsed.calls.empty();
+  const size_t hold = std::min(c.full_text.size(), tool_call_start(c.full_text, job_.tool_format));
+  const size_t until = calls ? c.streamed : c.done ? c.full_text.size() : std::max(c.streamed, hold);
+  std::string shown = c.full_text.substr(c.streamed, until - c.streamed);
+  c.streamed = until;
+  return calls ? content_after_calls(c) : shown;
 }
 
 // The content a finished choice with calls has beyond what was streamed: the parsed content starts
@@ -255,7 +282,12 @@ void CompletionRun::complete() {
   deadline_.cancel();
   auto keep = std::move(self_);  // released when this returns
   stream_->set_notify(nullptr);
-  if (job_.stream) {
+  if (job_.stream && job_.messages_api) {
+    finish_messages_stream();
+    ex_->end_stream();
+  } else if (job_.messages_api) {
+    ex_->respond(http::Response{200, "application/json", dump(messages_json()), ctx_.extra_headers});
+  } else if (job_.stream) {
     if (job_.include_usage)
       send_sse(json{{"id", id_}, {"object", job_.chat ? "chat.completion.chunk" : "text_completion"},
                     {"created", created_}, {"model", ctx_.model_name}, {"choices", json::array()}, {"usage", usage_json()}});
@@ -295,12 +327,13 @@ json CompletionRun::usage_json() const {
 }
 
 json CompletionRun::chunk_json(size_t index, const std::string& delta, const Choice* finished, const json& lp,
-                               bool first) const {
+                               bool first, const std::string& reasoning) const {
   json choice{{"index", index}, {"logprobs", lp}, {"finish_reason", finished ? json(finished->finish_reason) : json(nullptr)}};
   if (job_.chat) {
     json d = json::object();
     if (first) d["role"] = "assistant";
-    if (!delta.empty() || first) d["content"] = delta;
+    if (!reasoning.empty()) d["reasoning_content"] = reasoning;
+    if (!delta.empty() || (first && reasoning.empty())) d["content"] = delta;
     choice["delta"] = d;
   } else {
     choice["text"] = delta;
@@ -354,8 +387,12 @@ json CompletionRun::final_json() const {
       choice["message"] = json{{"role", "assistant"},
                                {"content", c.parsed.content.empty() ? json(nullptr) : json(c.parsed.content)},
                                {"tool_calls", tool_calls_json(c, false)}};
-    else if (job_.chat) choice["message"] = json{{"role", "assistant"}, {"content", c.full_text}};
+    else if (job_.chat)  // thinking that never ended leaves no answer: null, as vLLM gives it
+      choice["message"] = json{{"role", "assistant"},
+                               {"content", c.splitter && c.full_text.empty() ? json(nullptr) : json(c.full_text)}};
     else choice["text"] = job_.echo_text + c.full_text;
+    if (c.splitter)  // vLLM's shape: the thinking, or null when there was none
+      choice["message"]["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
     out.push_back(choice);
   }
   return json{{"id", id_}, {"object", job_.chat ? "chat.completion" : "text_completion"}, {"created", created_},

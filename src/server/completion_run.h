@@ -59,6 +59,10 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
     // With tools: the bytes of full_text streamed as content so far, and the calls found at the end.
     size_t streamed = 0;
     ParsedToolOutput parsed;
+    // With --reasoning-parser (chat): the thinking, apart from full_text (the answer), and the part of
+    // it the last event made visible.
+    std::unique_ptr<ReasoningSplitter> splitter;
+    std::string reasoning, reasoning_delta;
     SteadyClock::time_point t_start, t_first, t_last;
   };
 
@@ -87,6 +91,7 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   bool apply_event(const TokenEvent& ev, std::string& delta, size_t& index);
   void stream_event(const TokenEvent& ev, const std::string& delta, size_t index);
   void stream_tool_event(const TokenEvent& ev, size_t index);
+  std::string tool_text_delta(Choice& c);
   std::string content_after_calls(const Choice& c) const;
   json tool_calls_json(const Choice& c, bool delta) const;
   void client_gone();
@@ -94,8 +99,10 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   void complete();
   bool all_done() const;
   void send_sse(const json& payload);
+  void split_reasoning(Choice& c, std::string& delta);
 
-  json chunk_json(size_t index, const std::string& delta, const Choice* finished, const json& lp, bool first) const;
+  json chunk_json(size_t index, const std::string& delta, const Choice* finished, const json& lp, bool first,
+                  const std::string& reasoning = {}) const;
   json final_json() const;
   json usage_json() const;
   json token_logprob_json(int32_t token, float lp, const std::vector<TokenLogprob>& top) const;
@@ -103,6 +110,18 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   // Completions' logprobs arrays (tokens, token_logprobs, top_logprobs, text_offset) for the echoed
   // prompt (its first token has none: null) and then tokens [from, to) of the choice.
   json completions_lp(const Choice& c, bool with_prompt, size_t from, size_t to, size_t offset) const;
+
+  // Anthropic's Messages API (messages_reply.cpp): content blocks, and its stream of named events.
+  int block_ = -1;          // the index of the content block streaming now (-1: none yet)
+  std::string block_type_;  // its type, "" once closed
+  bool message_started_ = false;
+  void send_event(const json& payload);
+  void stream_messages_event(const std::string& delta, size_t index);
+  void block_delta(const std::string& type, const std::string& text);
+  void close_block();
+  void finish_messages_stream();
+  json messages_json() const;
+  json messages_usage() const;
 };
 
 }  // namespace serval

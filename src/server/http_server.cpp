@@ -16,6 +16,7 @@
 #include "server/completion_run.h"
 #include "server/http_transport.h"
 #include "server/jinja.h"
+#include "server/messages_api.h"
 #include "server/openapi.h"
 #include "server/web_page.h"
 
@@ -30,9 +31,18 @@ http::Response json_response(int status, const json& body) { return http::Respon
 
 http::Response error_response(const ApiError& e) { return json_response(e.status, error_json(e)); }
 
+// Anthropic's clients read errors in Anthropic's shape: the Messages API's paths answer in it.
+bool is_messages_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+
+http::Response error_for(const http::Request& req, const ApiError& e) {
+  return is_messages_path(req.path) ? json_response(e.status, anthropic_error_json(e)) : error_response(e);
+}
+
 // The transport's own refusals (malformed HTTP, oversize headers or body) in the API's error shape.
-http::Response transport_error(int status, const std::string& message) {
-  return error_response(ApiError{status, message, status == 413 ? "invalid_request_error" : "bad_request"});
+http::Response transport_error(int status, const std::string& message, const std::string& path) {
+  http::Request req;
+  req.path = path;
+  return error_for(req, ApiError{status, message, status == 413 ? "invalid_request_error" : "bad_request"});
 }
 
 }  // namespace
@@ -74,7 +84,7 @@ struct HttpServer::Impl {
   http::Headers common_headers() const;
   void reply(const Exchange& ex, http::Response r) const;
   template <typename F>
-  void guarded(const Exchange& ex, F&& fn) const;
+  void guarded(const http::Request& req, const Exchange& ex, F&& fn) const;
 
   std::optional<http::Response> preflight(const http::Request& req) const;
   std::optional<http::Response> authenticate(const http::Request& req) const;
@@ -93,7 +103,10 @@ struct HttpServer::Impl {
   void post_detokenize(http::Request& req, Exchange ex);
   void post_completions(http::Request& req, Exchange ex) { generate(req, std::move(ex), false); }
   void post_chat(http::Request& req, Exchange ex) { generate(req, std::move(ex), true); }
+  void post_messages(http::Request& req, Exchange ex);
+  void post_count_tokens(http::Request& req, Exchange ex);
   void generate(http::Request& req, Exchange ex, bool chat);
+  void start_run(const http::Request& req, Exchange ex, GenJob job);
   json engine_state();
 };
 
@@ -111,13 +124,15 @@ void HttpServer::Impl::add_routes() {
       {{"POST", "/detokenize"}, {false, &Impl::post_detokenize}},
       {{"POST", "/v1/completions"}, {false, &Impl::post_completions}},
       {{"POST", "/v1/chat/completions"}, {false, &Impl::post_chat}},
+      {{"POST", "/v1/messages"}, {false, &Impl::post_messages}},
+      {{"POST", "/v1/messages/count_tokens"}, {false, &Impl::post_count_tokens}},
   };
 }
 
 http::Headers HttpServer::Impl::common_headers() const {
   if (!cfg.cors) return {};
   return {{"Access-Control-Allow-Origin", "*"},
-          {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+          {"Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key, Anthropic-Version"},
           {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"}};
 }
 
@@ -127,15 +142,15 @@ void HttpServer::Impl::reply(const Exchange& ex, http::Response r) const {
 }
 
 template <typename F>
-void HttpServer::Impl::guarded(const Exchange& ex, F&& fn) const {
+void HttpServer::Impl::guarded(const http::Request& req, const Exchange& ex, F&& fn) const {
   try {
     fn();
   } catch (const ApiError& e) {
-    reply(ex, error_response(e));
+    reply(ex, error_for(req, e));
   } catch (const Error& e) {
-    reply(ex, error_response(ApiError{400, e.what()}));
+    reply(ex, error_for(req, ApiError{400, e.what()}));
   } catch (const std::exception& e) {
-    reply(ex, error_response(ApiError{500, std::string("internal error: ") + e.what(), "internal_server_error"}));
+    reply(ex, error_for(req, ApiError{500, std::string("internal error: ") + e.what(), "internal_server_error"}));
   }
 }
 
@@ -146,9 +161,11 @@ std::optional<http::Response> HttpServer::Impl::preflight(const http::Request& r
 
 std::optional<http::Response> HttpServer::Impl::authenticate(const http::Request& req) const {
   static const std::set<std::string> open_paths = {"/health", "/", "/metrics", "/openapi.json"};
-  if (cfg.api_key.empty() || open_paths.count(req.path) || req.header("Authorization") == "Bearer " + cfg.api_key)
+  if (cfg.api_key.empty() || open_paths.count(req.path) || req.header("Authorization") == "Bearer " + cfg.api_key ||
+      req.header("X-Api-Key") == cfg.api_key)  // Anthropic's clients send the key this way
     return std::nullopt;
-  return error_response(ApiError{401, "Invalid or missing API key (send 'Authorization: Bearer KEY')", "authentication_error"});
+  return error_for(req, ApiError{401, "Invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                                 "authentication_error"});
 }
 
 static bool is_api_path(const std::string& path) {
@@ -158,12 +175,12 @@ static bool is_api_path(const std::string& path) {
 
 std::optional<http::Response> HttpServer::Impl::require_model(const http::Request& req) const {
   if (!is_api_path(req.path) || model.load()) return std::nullopt;
-  return error_response(ApiError{503, "The model is still loading", "service_unavailable"});
+  return error_for(req, ApiError{503, "The model is still loading", "service_unavailable"});
 }
 
 std::optional<http::Response> HttpServer::Impl::refuse_while_draining(const http::Request& req) const {
   if (!is_api_path(req.path) || req.method != "POST" || !draining) return std::nullopt;
-  http::Response r = error_response(ApiError{503, "The server is shutting down", "service_unavailable"});
+  http::Response r = error_for(req, ApiError{503, "The server is shutting down", "service_unavailable"});
   r.headers.emplace_back("Retry-After", "5");
   return r;
 }
@@ -177,12 +194,14 @@ void HttpServer::Impl::handle(http::Request& req, Exchange ex) {
   const auto it = routes.find({req.method, req.path});
   if (it == routes.end()) {
     const bool known_path = std::any_of(routes.begin(), routes.end(), [&](auto& r) { return r.first.second == req.path; });
-    return reply(ex, error_response(known_path ? ApiError{405, fmt::format("{} is not allowed on {}", req.method, req.path)}
+    return reply(ex, error_for(req, known_path ? ApiError{405, fmt::format("{} is not allowed on {}", req.method, req.path)}
                                                : ApiError{404, "Not found", "NotFoundError"}));
   }
   const Route route = it->second;
-  if (route.inline_on_io) return guarded(ex, [&] { (this->*route.fn)(req, ex); });
-  net::post(api_pool, [this, route, req = std::move(req), ex]() mutable { guarded(ex, [&] { (this->*route.fn)(req, ex); }); });
+  if (route.inline_on_io) return guarded(req, ex, [&] { (this->*route.fn)(req, ex); });
+  net::post(api_pool, [this, route, req = std::move(req), ex]() mutable {
+    guarded(req, ex, [&] { (this->*route.fn)(req, ex); });
+  });
 }
 
 void HttpServer::Impl::get_health(http::Request&, Exchange ex) {
@@ -227,10 +246,30 @@ void HttpServer::Impl::post_detokenize(http::Request& req, Exchange ex) {
 void HttpServer::Impl::generate(http::Request& req, Exchange ex, bool chat) {
   const json body = parse_json_body(req.body);
   check_model_name(body, api);
-  GenJob job = parse_generation_request(body, chat, api);
+  start_run(req, std::move(ex), parse_generation_request(body, chat, api));
+}
+
+// Anthropic's Messages API: the body as the chat request it means, answered in Anthropic's shapes.
+void HttpServer::Impl::post_messages(http::Request& req, Exchange ex) {
+  const json body = messages_to_chat(parse_json_body(req.body));
+  check_model_name(body, api);
+  GenJob job = parse_generation_request(body, true, api);
+  job.messages_api = true;
+  start_run(req, std::move(ex), std::move(job));
+}
+
+void HttpServer::Impl::post_count_tokens(http::Request& req, Exchange ex) {
+  const json body = messages_to_chat(parse_json_body(req.body), /*count_only=*/true);
+  check_model_name(body, api);
+  const std::string prompt = render_chat(body, api);
+  reply(ex, json_response(200, json{{"input_tokens", api.tokenizer->encode(prompt, false, true).size()}}));
+}
+
+// Submits a validated job (429 when too many are waiting); the run then goes on by itself.
+void HttpServer::Impl::start_run(const http::Request& req, Exchange ex, GenJob job) {
   const int64_t waiting = loop->waiting();
   if (waiting >= cfg.max_waiting) {
-    http::Response r = error_response(
+    http::Response r = error_for(req, 
         ApiError{429, fmt::format("The server is busy ({} requests waiting); retry later", waiting), "rate_limit_exceeded"});
     r.headers.emplace_back("Retry-After", "1");
     return reply(ex, std::move(r));
@@ -344,6 +383,7 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
   api.tokenizer = &model.tokenizer();
   api.model_name = impl_->model_name;
   api.trust_request_chat_template = config_.trust_request_chat_template;
+  api.reasoning = config_.reasoning;
   loop.run_on_engine([&](Engine& e) { api.max_model_len = e.max_model_len(); });
   const std::string source = config_.chat_template.empty() ? model.tokenizer().vocab().chat_template : config_.chat_template;
   api.tool_format = tool_format_for_template(source);

@@ -8,6 +8,7 @@
 
 #include "engine/engine_loop.h"
 #include "server/metrics.h"
+#include "server/reasoning.h"
 
 namespace serval {
 
@@ -37,6 +38,7 @@ struct ServerConfig {
   // Metric names in /metrics: "serval" (serval:...) or "vllm" (the same metrics also under vLLM's
   // vllm:... names, for routers and gateways that read those).
   std::string metrics_names = "serval";
+  ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: split the thinking in chat replies
 };
 
 class HttpServer {

@@ -59,7 +59,7 @@ std::string response_head(int status, bool http10, const std::string& content_ty
 struct Shared {
   TransportConfig cfg;
   Handler handler;
-  Response (*error_page)(int, const std::string&);
+  Response (*error_page)(int, const std::string&, const std::string&);
   std::atomic<size_t> open{0}, peak{0};
 };
 
@@ -178,7 +178,12 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     keep_alive_ = false;
     replied_ = streaming_ = response_done_ = false;
     ++seq_;
-    respond(seq_, sh_.error_page(status, message));
+    std::string path;
+    if (parser_) {  // the request line is kept once parsed, even when a header field was refused
+      path = std::string(parser_->get().target());
+      path = path.substr(0, path.find('?'));
+    }
+    respond(seq_, sh_.error_page(status, message, path));
   }
 
   void on_request(beast::error_code ec) {
@@ -347,7 +352,7 @@ void Connection<Stream>::dispatch(Request& req) {
   try {
     sh_.handler(req, exchange);
   } catch (const std::exception& e) {
-    respond(seq_, sh_.error_page(500, std::string("internal error: ") + e.what()));
+    respond(seq_, sh_.error_page(500, std::string("internal error: ") + e.what(), req.path));
   }
 }
 
@@ -384,7 +389,8 @@ struct Transport::Impl {
   }
 };
 
-Transport::Transport(TransportConfig config, Handler handler, Response (*error_page)(int, const std::string&))
+Transport::Transport(TransportConfig config, Handler handler,
+                     Response (*error_page)(int, const std::string&, const std::string&))
     : impl_(std::make_unique<Impl>()) {
   impl_->shared.cfg = std::move(config);
   impl_->shared.handler = std::move(handler);

@@ -68,7 +68,10 @@ struct TransportConfig {
 
 class Transport {
  public:
-  Transport(TransportConfig config, Handler handler, Response (*error_page)(int status, const std::string& message));
+  // error_page: the response for a request the transport refuses (status, message, and the request's
+  // path when its headers were read, else "").
+  Transport(TransportConfig config, Handler handler,
+            Response (*error_page)(int status, const std::string& message, const std::string& path));
   ~Transport();
   // Binds and listens; throws Error with the reason (e.g. the port is in use). Returns the port.
   int listen();

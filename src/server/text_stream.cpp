@@ -9,7 +9,10 @@ std::string StopMatcher::push(const std::string& text) {
   pending_ += text;
   size_t first = std::string::npos;
   for (const auto& s : stops_)
-    if (!s.empty()) first = std::min(first, pending_.find(s));
+    if (const size_t at = s.empty() ? std::string::npos : pending_.find(s); at < first) {
+      first = at;
+      matched_ = s;
+    }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = pending_.substr(0, first);

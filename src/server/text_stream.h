@@ -18,10 +18,11 @@ class StopMatcher {
   // What is held back (a possible start of a stop string) once the stream ends without a stop.
   std::string flush();
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string that appeared (first listed on a tie)
 
  private:
   std::vector<std::string> stops_;
-  std::string pending_;
+  std::string pending_, matched_;
   bool stopped_ = false;
 };
 
@@ -32,6 +33,7 @@ class ChoiceText {
   std::string push(int32_t id);
   std::string finish();
   bool stopped() const { return stop_.stopped(); }
+  const std::string& stop_string() const { return stop_.matched(); }
 
  private:
   const Tokenizer& tok_;

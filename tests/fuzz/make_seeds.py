@@ -166,7 +166,7 @@ def chat_template_seeds():
 
 
 # ---- HTTP request bodies: a control byte (see fuzz/fuzz_http_request.cpp: bit 0 chat, bits 1-3
-# template, bit 4 trust request templates, bits 5-6 tokenize / detokenize), then the JSON body
+# template, bit 4 trust request templates, bits 5-6 tokenize / detokenize / Anthropic messages), then the JSON body
 def http_request_seeds():
     def body(chat, obj, control=0):
         return bytes([control | (1 if chat else 0)]) + json.dumps(obj).encode()
@@ -200,6 +200,20 @@ def http_request_seeds():
         "detokenize": (False, {"tokens": [1, 403, 407, 261, 378]}, 0x40),
         "bad-model": (True, {"model": "nope", "messages": msgs}),
         "bad-max-tokens": (False, {"prompt": "x", "max_tokens": -1}),
+        "chat-reasoning": (True, {"messages": msgs, "reasoning_effort": "low",
+                                  "chat_template_kwargs": {"enable_thinking": False}}, 0x08),
+        # Anthropic's Messages API (bits 5-6 = 3; bit 0: count_tokens)
+        "messages": (False, {"model": "stories260K", "max_tokens": 8, "system": "Be brief.", "messages": msgs,
+                             "stop_sequences": ["\n"], "temperature": 0, "metadata": {"user_id": "u1"}}, 0x60),
+        "messages-tools": (False, {"max_tokens": 16, "messages": msgs + [
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                              {"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"},
+                                         {"type": "text", "text": "And now?"}]}],
+            "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024}}, 0x68),
+        "messages-count-tokens": (True, {"model": "stories260K", "system": [{"type": "text", "text": "S"}],
+                                         "messages": msgs}, 0x60),
     }
     for name, (chat, obj, *control) in seeds.items():
         write("http_request", name, body(chat, obj, *control))

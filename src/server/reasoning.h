@@ -1,0 +1,63 @@
+// Reasoning output: a reasoning model's thinking (`<think> ... </think>`) split from its answer, as
+// vLLM's --reasoning-parser and llama-server's --reasoning-format do, so that chat replies carry it in
+// `message.reasoning_content` (`delta.reasoning_content` when streaming) and the answer in `content`.
+// No I/O: the splitter takes the decoded text as it streams, a piece at a time, and gives back the same
+// split whatever the pieces (a tag cut between two pieces is held back until it is whole).
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace serval {
+
+enum class ReasoningFormat {
+  None,        // no parser: the thinking stays in `content` (the default; llama.cpp's "none")
+  DeepSeekR1,  // vLLM's deepseek_r1: the output starts inside the thinking (R1's template opens
+               // <think> in the prompt; a <think> the model writes anyway is dropped) until </think>
+  Qwen3,       // vLLM's qwen3 (llama.cpp's deepseek/auto): thinking only when the output starts with
+               // <think>, or the prompt ends inside an open <think> (a template that pre-fills it)
+};
+
+// "deepseek_r1", "qwen3" (vLLM), "deepseek", "auto" (llama.cpp: Qwen3's rule), "none"; nullopt for a
+// name Serval does not know. `gpt_oss` is refused by the caller (no gpt-oss models yet).
+std::optional<ReasoningFormat> reasoning_format_from_name(std::string_view name);
+const char* reasoning_format_names();  // for help and error messages
+
+// True when `prompt` (a rendered chat prompt) ends inside a <think> that it opened and did not close:
+// the model's output then starts in its thinking.
+bool prompt_opens_thinking(std::string_view prompt);
+
+struct ReasoningParts {
+  std::string reasoning, content;
+  ReasoningParts& operator+=(const ReasoningParts& o) {
+    reasoning += o.reasoning;
+    content += o.content;
+    return *this;
+  }
+};
+
+class ReasoningSplitter {
+ public:
+  // `prompt_open`: the prompt ended inside <think> (prompt_opens_thinking).
+  ReasoningSplitter(ReasoningFormat format, bool prompt_open);
+  // Adds decoded text; returns what can be shown now.
+  ReasoningParts push(std::string_view text);
+  // The end of the output: what was held back. Thinking that never closed stays thinking.
+  ReasoningParts finish();
+  bool thinking() const { return state_ == State::Start || state_ == State::Thinking; }
+
+ private:
+  enum class State {
+    Undecided,  // Qwen3's rule, before the output shows whether it starts with <think>
+    Start,      // inside the thinking, before its first visible character (leading blanks dropped)
+    Thinking,   // inside the thinking
+    After,      // just past </think>: blanks before the answer are dropped
+    Answer,     // the answer: passed through as it comes
+  };
+  State state_;
+  bool opened_ = false;  // the output's own <think> was read (a second one is text)
+  std::string held_;  // text not yet shown: a possible tag, or blanks that may come before </think>
+  void step(ReasoningParts& out);
+};
+
+}  // namespace serval
