@@ -157,6 +157,9 @@ void add_serve(CLI::App& app) {
          "split a reasoning model's <think> section into reasoning_content: deepseek_r1 (the output starts in "
          "the thinking), qwen3 (thinking when the output or the prompt opens <think>); llama.cpp's "
          "--reasoning-format deepseek/auto are qwen3's rule, none (default) leaves it in content");
+  cmd->add_option("--responses-store", s.responses_store,
+                  "Responses API: responses kept in memory for previous_response_id and GET /v1/responses/ID, the "
+                  "oldest dropped first (default 256; 0 keeps none)");
   add_kv_events_flags(cmd, *o);
   o->parallel.add_to(cmd);
   cmd->callback([o] { run_serve(*o); });

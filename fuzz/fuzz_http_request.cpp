@@ -4,8 +4,8 @@
 //   bit 0      chat (/v1/chat/completions) rather than /v1/completions
 //   bits 1-3   the chat template (tests/data/chat_templates/*.jinja sorted, modulo their number)
 //   bit 4      the server trusts a `chat_template` in the request body
-//   bits 5-6   1: /tokenize, 2: /detokenize, 3: Anthropic's /v1/messages (bit 0: /v1/messages/count_tokens),
-//              0: a generation request
+//   bits 5-6   1: /tokenize, 2: /detokenize, 3: Anthropic's /v1/messages (bit 0: /v1/messages/count_tokens)
+//              or, with bit 4, OpenAI's /v1/responses (an empty response store); 0: a generation request
 // The context is built once from ../shared/models/stories260K.gguf. The body goes through
 // parse_json_body and the request parser; a refusal must be an ApiError (whose JSON form must
 // serialize); anything else escaping, a crash or a sanitizer report is a finding. An accepted
@@ -27,6 +27,7 @@
 #include "server/api_request.h"
 #include "server/jinja.h"
 #include "server/messages_api.h"
+#include "server/responses_api.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -53,6 +54,14 @@ void check_job(const serval::GenJob& job, bool chat, const serval::ApiContext& c
   if (job.stops.size() > 16) violation("too many stop strings");
   for (const auto& s : job.stops)
     if (s.empty()) violation("empty stop string");
+}
+
+// OpenAI's Responses API: translated to a chat body (no response is stored, so any previous_response_id
+// must be refused), which must then parse (or be refused) as one.
+void responses_request(const serval::json& body, const serval::ApiContext& ctx) {
+  static const serval::ResponseStore store(4);
+  const serval::ResponsesJob rj = serval::responses_to_chat(body, store);
+  check_job(serval::parse_generation_request(rj.chat, true, ctx), true, ctx);
 }
 
 // Anthropic's Messages API: translated to a chat body, which must then parse (or be refused) as one.
@@ -102,7 +111,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (control >> 5 & 3) {
       case 1: check_ids(serval::parse_tokenize_request(body, ctx), tok, "/tokenize gave an id out of range"); break;
       case 2: check_ids(serval::parse_detokenize_request(body, ctx), tok, "/detokenize accepted an id out of range"); break;
-      case 3: messages_request(body, chat, ctx); break;
+      case 3:
+        if (control >> 4 & 1) responses_request(body, ctx);
+        else messages_request(body, chat, ctx);
+        break;
       default: check_job(serval::parse_generation_request(body, chat, ctx), chat, ctx); break;
     }
   } catch (const serval::ApiError& e) {

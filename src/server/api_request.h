@@ -67,6 +67,10 @@ struct GenJob {
   ReasoningFormat reasoning = ReasoningFormat::None;
   bool reasoning_open = false;
   bool messages_api = false;  // answer in the shape of Anthropic's Messages API (chat, one choice)
+  // OpenAI's Responses API: the reply's shape, whether the response is stored, the request settings the
+  // response object repeats, and the conversation (without instructions) a later request may continue.
+  bool responses_api = false, store_response = false;
+  json responses_echo, conversation;
 };
 
 // A request body: must be a JSON object.

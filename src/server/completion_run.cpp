@@ -42,7 +42,8 @@ CompletionRun::CompletionRun(RunContext ctx, GenJob job, std::shared_ptr<http::E
                              net::any_io_executor io)
     : ctx_(std::move(ctx)), job_(std::move(job)), ex_(std::move(exchange)), strand_(net::make_strand(io)),
       deadline_(strand_), stream_(std::make_shared<TokenStream>()),
-      id_(random_id(job_.messages_api ? "msg" : job_.chat ? "chatcmpl" : "cmpl")), created_(unix_now()) {}
+      id_(random_id(job_.responses_api ? "resp" : job_.messages_api ? "msg" : job_.chat ? "chatcmpl" : "cmpl")),
+      created_(unix_now()) {}
 
 void CompletionRun::start() {
   std::weak_ptr<CompletionRun> weak = weak_from_this();
@@ -174,6 +175,7 @@ void CompletionRun::split_reasoning(Choice& c, std::string& delta) {
   ReasoningParts parts = c.splitter->push(delta);
   if (c.done) parts += c.splitter->finish();
   c.reasoning += parts.reasoning;
+  if (!parts.reasoning.empty() && parts.content.empty() && !c.done) ++c.reasoning_tokens;
   c.reasoning_delta = std::move(parts.reasoning);
   delta = std::move(parts.content);
 }
@@ -182,6 +184,7 @@ void CompletionRun::send_sse(const json& payload) { ex_->write_chunk("data: " + 
 
 void CompletionRun::stream_event(const TokenEvent& ev, const std::string& delta, size_t index) {
   if (job_.messages_api) return stream_messages_event(delta, index);
+  if (job_.responses_api) return stream_responses_event(delta, index);
   if (job_.parse_tool_calls) return stream_tool_event(ev, index);
   Choice& c = choices_[index];
   const bool first = job_.chat && !c.started;
@@ -282,7 +285,13 @@ void CompletionRun::complete() {
   deadline_.cancel();
   auto keep = std::move(self_);  // released when this returns
   stream_->set_notify(nullptr);
-  if (job_.stream && job_.messages_api) {
+  if (job_.responses_api) store_response();
+  if (job_.stream && job_.responses_api) {
+    finish_responses_stream();
+    ex_->end_stream();
+  } else if (job_.responses_api) {
+    ex_->respond(http::Response{200, "application/json", dump(responses_json()), ctx_.extra_headers});
+  } else if (job_.stream && job_.messages_api) {
     finish_messages_stream();
     ex_->end_stream();
   } else if (job_.messages_api) {

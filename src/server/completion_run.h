@@ -17,6 +17,7 @@
 #include "server/api_request.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
+#include "server/responses_api.h"
 #include "server/text_stream.h"
 #include "server/tool_calls.h"
 
@@ -36,6 +37,7 @@ struct RunContext {
   std::chrono::milliseconds timeout{600000};
   http::Headers extra_headers;          // CORS and the like
   std::function<void()> on_finished;    // once, when the reply is complete or the client is gone
+  ResponseStore* responses = nullptr;   // where a Responses API answer is stored (store: true)
 };
 
 class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
@@ -63,6 +65,7 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
     // it the last event made visible.
     std::unique_ptr<ReasoningSplitter> splitter;
     std::string reasoning, reasoning_delta;
+    int64_t reasoning_tokens = 0;  // tokens that showed only thinking
     SteadyClock::time_point t_start, t_first, t_last;
   };
 
@@ -122,6 +125,24 @@ class CompletionRun : public std::enable_shared_from_this<CompletionRun> {
   void finish_messages_stream();
   json messages_json() const;
   json messages_usage() const;
+
+  // OpenAI's Responses API (responses_reply.cpp): output items, and the response.* stream events.
+  int item_ = -1;           // the output index of the item streaming now
+  std::string item_type_;   // "reasoning" or "message" while one is open
+  std::string item_text_;   // its text so far
+  int64_t sequence_ = 0;    // every event's sequence_number
+  bool response_started_ = false;
+  void send_response_event(json payload);
+  void stream_responses_event(const std::string& delta, size_t index);
+  void item_delta(const std::string& type, const std::string& text);
+  void close_item();
+  void finish_responses_stream();
+  void store_response() const;
+  std::string item_id(const char* prefix) const;
+  std::string response_status() const;
+  json response_object(const std::string& status, json output) const;
+  json output_items() const;
+  json responses_json() const;
 };
 
 }  // namespace serval

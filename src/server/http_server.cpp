@@ -18,6 +18,7 @@
 #include "server/jinja.h"
 #include "server/messages_api.h"
 #include "server/openapi.h"
+#include "server/responses_api.h"
 #include "server/web_page.h"
 
 namespace serval {
@@ -59,6 +60,7 @@ struct HttpServer::Impl {
 
   ServerConfig cfg;
   const std::string model_name;
+  ResponseStore responses;
   std::unique_ptr<http::Transport> transport;
   net::thread_pool api_pool;
   std::map<std::pair<std::string, std::string>, Route> routes;
@@ -75,7 +77,7 @@ struct HttpServer::Impl {
   bool stopped = false;
 
   explicit Impl(ServerConfig c)
-      : cfg(std::move(c)), model_name(cfg.served_model_name), api_pool(size_t(std::max(1, cfg.api_threads))) {
+      : cfg(std::move(c)), model_name(cfg.served_model_name), responses(cfg.responses_store), api_pool(size_t(std::max(1, cfg.api_threads))) {
     add_routes();
   }
 
@@ -105,6 +107,8 @@ struct HttpServer::Impl {
   void post_chat(http::Request& req, Exchange ex) { generate(req, std::move(ex), true); }
   void post_messages(http::Request& req, Exchange ex);
   void post_count_tokens(http::Request& req, Exchange ex);
+  void post_responses(http::Request& req, Exchange ex);
+  void get_response(const http::Request& req, Exchange ex);
   void generate(http::Request& req, Exchange ex, bool chat);
   void start_run(const http::Request& req, Exchange ex, GenJob job);
   json engine_state();
@@ -126,6 +130,7 @@ void HttpServer::Impl::add_routes() {
       {{"POST", "/v1/chat/completions"}, {false, &Impl::post_chat}},
       {{"POST", "/v1/messages"}, {false, &Impl::post_messages}},
       {{"POST", "/v1/messages/count_tokens"}, {false, &Impl::post_count_tokens}},
+      {{"POST", "/v1/responses"}, {false, &Impl::post_responses}},
   };
 }
 
@@ -191,6 +196,8 @@ void HttpServer::Impl::handle(http::Request& req, Exchange ex) {
                                        &Impl::refuse_while_draining};
   for (Filter f : filters)
     if (auto r = (this->*f)(req)) return reply(ex, std::move(*r));
+  if (req.method == "GET" && req.path.rfind("/v1/responses/", 0) == 0)  // the one route with an id in its path
+    return guarded(req, ex, [&] { get_response(req, ex); });
   const auto it = routes.find({req.method, req.path});
   if (it == routes.end()) {
     const bool known_path = std::any_of(routes.begin(), routes.end(), [&](auto& r) { return r.first.second == req.path; });
@@ -265,6 +272,28 @@ void HttpServer::Impl::post_count_tokens(http::Request& req, Exchange ex) {
   reply(ex, json_response(200, json{{"input_tokens", api.tokenizer->encode(prompt, false, true).size()}}));
 }
 
+// OpenAI's Responses API: the body as the chat request it means (with previous_response_id's
+// conversation before it), answered as a response object and stored unless `store` is false.
+void HttpServer::Impl::post_responses(http::Request& req, Exchange ex) {
+  ResponsesJob rj = responses_to_chat(parse_json_body(req.body), responses);
+  check_model_name(rj.chat, api);
+  GenJob job = parse_generation_request(rj.chat, true, api);
+  job.responses_api = true;
+  job.store_response = rj.store;
+  job.responses_echo = std::move(rj.echo);
+  job.conversation = std::move(rj.conversation);
+  start_run(req, std::move(ex), std::move(job));
+}
+
+void HttpServer::Impl::get_response(const http::Request& req, Exchange ex) {
+  const std::string id = req.path.substr(std::string("/v1/responses/").size());
+  const auto entry = responses.get(id);
+  if (!entry)
+    throw ApiError{404, fmt::format("No response '{}' is stored (the store keeps the newest {})", id, responses.capacity()),
+                   "invalid_request_error", "response_id", "not_found"};
+  reply(ex, json_response(200, entry->response));
+}
+
 // Submits a validated job (429 when too many are waiting); the run then goes on by itself.
 void HttpServer::Impl::start_run(const http::Request& req, Exchange ex, GenJob job) {
   const int64_t waiting = loop->waiting();
@@ -282,6 +311,7 @@ void HttpServer::Impl::start_run(const http::Request& req, Exchange ex, GenJob j
   ctx.timeout = std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
   ctx.extra_headers = common_headers();
   ctx.on_finished = [this] { --in_flight; };
+  ctx.responses = &responses;
   auto run = std::make_shared<CompletionRun>(std::move(ctx), std::move(job), ex, transport->executor());
   ++in_flight;
   if (draining) {  // drain_and_stop may have seen in_flight == 0 already: refuse rather than start late

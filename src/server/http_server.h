@@ -39,6 +39,7 @@ struct ServerConfig {
   // vllm:... names, for routers and gateways that read those).
   std::string metrics_names = "serval";
   ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: split the thinking in chat replies
+  size_t responses_store = 256;  // Responses API: responses kept for previous_response_id (oldest dropped)
 };
 
 class HttpServer {

@@ -166,7 +166,8 @@ def chat_template_seeds():
 
 
 # ---- HTTP request bodies: a control byte (see fuzz/fuzz_http_request.cpp: bit 0 chat, bits 1-3
-# template, bit 4 trust request templates, bits 5-6 tokenize / detokenize / Anthropic messages), then the JSON body
+# template, bit 4 trust request templates, bits 5-6 tokenize / detokenize / Anthropic messages or, with bit 4,
+# OpenAI responses), then the JSON body
 def http_request_seeds():
     def body(chat, obj, control=0):
         return bytes([control | (1 if chat else 0)]) + json.dumps(obj).encode()
@@ -214,6 +215,16 @@ def http_request_seeds():
             "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024}}, 0x68),
         "messages-count-tokens": (True, {"model": "stories260K", "system": [{"type": "text", "text": "S"}],
                                          "messages": msgs}, 0x60),
+        # OpenAI's Responses API (bits 5-6 = 3 with bit 4)
+        "responses": (False, {"model": "stories260K", "input": "Hello!", "instructions": "Be brief.",
+                              "max_output_tokens": 8, "store": False, "text": {"format": {"type": "text"}}}, 0x70),
+        "responses-items": (False, {"input": [
+            {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+            {"type": "message", "role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"x\": 1}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"}],
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
+            "reasoning": {"effort": "low", "summary": "auto"}}, 0x78),
     }
     for name, (chat, obj, *control) in seeds.items():
         write("http_request", name, body(chat, obj, *control))

@@ -161,3 +161,15 @@ def test_messages_api_gives_the_thinking_as_a_thinking_block(stories):
     assert m["content"] == [{"type": "thinking", "thinking": chat["choices"][0]["message"]["reasoning_content"],
                              "signature": ""}]
     assert m["stop_reason"] == "max_tokens"
+
+
+def test_responses_api_gives_the_thinking_as_a_reasoning_item(stories):
+    _, r1 = stories
+    status, chat, _ = r1.post("/v1/chat/completions", STORY)
+    status, r, _ = r1.post("/v1/responses", {"max_output_tokens": STORY["max_tokens"], "temperature": 0,
+                                             "input": STORY["messages"]})
+    assert status == 200, r
+    assert [o["type"] for o in r["output"]] == ["reasoning"]
+    assert r["output"][0]["content"] == [{"type": "reasoning_text",
+                                          "text": chat["choices"][0]["message"]["reasoning_content"]}]
+    assert r["status"] == "incomplete" and r["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
