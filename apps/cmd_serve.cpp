@@ -147,15 +147,14 @@ void add_serve(CLI::App& app) {
   cmd->add_option_function<std::string>(
          "--reasoning-parser,--reasoning-format",
          [&s](const std::string& name) {
-           if (name == "gpt_oss")
-             throw CLI::ValidationError("--reasoning-parser", "gpt_oss: gpt-oss models (the harmony format) are not supported yet");
            const auto format = reasoning_format_from_name(name);
            if (!format)
              throw CLI::ValidationError("--reasoning-parser", fmt::format("'{}': one of {}", name, reasoning_format_names()));
            s.reasoning = *format;
          },
          "split a reasoning model's <think> section into reasoning_content: deepseek_r1 (the output starts in "
-         "the thinking), qwen3 (thinking when the output or the prompt opens <think>); llama.cpp's "
+         "the thinking), qwen3 (thinking when the output or the prompt opens <think>), gpt_oss (harmony's "
+         "analysis channel); llama.cpp's "
          "--reasoning-format deepseek/auto are qwen3's rule, none (default) leaves it in content");
   cmd->add_option("--responses-store", s.responses_store,
                   "Responses API: responses kept in memory for previous_response_id and GET /v1/responses/ID, the "

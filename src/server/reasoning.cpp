@@ -7,6 +7,9 @@ namespace serval {
 namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+// OpenAI's harmony format (gpt-oss): every marker starts with "<|".
+constexpr std::string_view kMessage = "<|message|>", kChannel = "<|channel|>", kMarkerStart = "<|";
+constexpr std::string_view kMessageEnds[] = {"<|end|>", "<|return|>", "<|call|>"};
 
 bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -36,13 +39,15 @@ std::optional<ReasoningFormat> reasoning_format_from_name(std::string_view name)
   };
   static constexpr Entry kNames[] = {{"none", ReasoningFormat::None},       {"deepseek_r1", ReasoningFormat::DeepSeekR1},
                                      {"qwen3", ReasoningFormat::Qwen3},     {"deepseek", ReasoningFormat::Qwen3},
-                                     {"auto", ReasoningFormat::Qwen3}};
+                                     {"auto", ReasoningFormat::Qwen3},      {"gpt_oss", ReasoningFormat::GptOss}};
   for (const Entry& e : kNames)
     if (e.name == name) return e.format;
   return std::nullopt;
 }
 
-const char* reasoning_format_names() { return "deepseek_r1, qwen3 (vLLM's names), deepseek, auto, none (llama.cpp's)"; }
+const char* reasoning_format_names() {
+  return "deepseek_r1, qwen3, gpt_oss (vLLM's names), deepseek, auto, none (llama.cpp's)";
+}
 
 bool prompt_opens_thinking(std::string_view prompt) {
   const size_t open = prompt.rfind(kOpen);
@@ -51,6 +56,7 @@ bool prompt_opens_thinking(std::string_view prompt) {
 
 ReasoningSplitter::ReasoningSplitter(ReasoningFormat format, bool prompt_open)
     : state_(format == ReasoningFormat::None     ? State::Answer
+             : format == ReasoningFormat::GptOss ? State::Header
              : format == ReasoningFormat::DeepSeekR1 || prompt_open ? State::Start
                                                                   : State::Undecided) {}
 
@@ -61,10 +67,53 @@ ReasoningParts ReasoningSplitter::push(std::string_view text) {
   return out;
 }
 
+// Harmony: a header names the message's channel; its text goes to the thinking (analysis) or the answer.
+// Output that does not start with a marker is not harmony: all of it is the answer.
+bool ReasoningSplitter::step_harmony(ReasoningParts& out) {
+  if (state_ == State::Header) {
+    const std::string_view t = trim_front(held_);
+    if (t.substr(0, std::min(t.size(), kMarkerStart.size())) != kMarkerStart.substr(0, std::min(t.size(), kMarkerStart.size()))) {
+      state_ = State::Answer;
+      return true;
+    }
+    const size_t message = held_.find(kMessage);
+    if (message == std::string::npos) return false;  // the header is not whole yet
+    const std::string_view header = std::string_view(held_).substr(0, message);
+    const size_t channel = header.find(kChannel);
+    body_is_thinking_ = channel != std::string_view::npos &&
+                        header.substr(channel + kChannel.size(), 8) == "analysis";
+    held_.erase(0, message + kMessage.size());
+    state_ = State::Body;
+    return true;
+  }
+  std::string& to = body_is_thinking_ ? out.reasoning : out.content;
+  size_t end = std::string::npos, end_size = 0;
+  for (std::string_view marker : kMessageEnds)
+    if (const size_t at = held_.find(marker); at < end) {
+      end = at;
+      end_size = marker.size();
+    }
+  if (end != std::string::npos) {
+    to += held_.substr(0, end);
+    held_.erase(0, end + end_size);
+    state_ = State::Header;
+    return true;
+  }
+  size_t keep = 0;  // a marker that may be cut between pieces
+  for (std::string_view marker : kMessageEnds) keep = std::max(keep, partial_tag_at_end(held_, marker));
+  to += held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return false;
+}
+
 // Moves what is decided from held_ to `out`, state by state, until the rest must wait for more text.
 void ReasoningSplitter::step(ReasoningParts& out) {
   for (;;) {
     switch (state_) {
+      case State::Header:
+      case State::Body:
+        if (!step_harmony(out)) return;
+        break;
       case State::Undecided: {  // does the output open with <think>?
         const std::string_view t = trim_front(held_);
         if (t.substr(0, kOpen.size()) == kOpen) {
@@ -123,7 +172,8 @@ void ReasoningSplitter::step(ReasoningParts& out) {
 ReasoningParts ReasoningSplitter::finish() {
   ReasoningParts out;
   if (state_ == State::Undecided || state_ == State::Answer) out.content = std::move(held_);
-  else if (state_ != State::After) out.reasoning = std::move(held_);  // thinking that never closed
+  else if (state_ == State::Body) (body_is_thinking_ ? out.reasoning : out.content) = std::move(held_);
+  else if (state_ != State::After && state_ != State::Header) out.reasoning = std::move(held_);  // thinking that never closed
   held_.clear();
   return out;
 }

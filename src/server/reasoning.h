@@ -16,10 +16,12 @@ enum class ReasoningFormat {
                // <think> in the prompt; a <think> the model writes anyway is dropped) until </think>
   Qwen3,       // vLLM's qwen3 (llama.cpp's deepseek/auto): thinking only when the output starts with
                // <think>, or the prompt ends inside an open <think> (a template that pre-fills it)
+  GptOss,      // vLLM's gpt_oss: OpenAI's harmony format, messages `<|channel|>NAME<|message|>TEXT<|end|>`;
+               // the analysis channel is the thinking, the others (final, commentary) the answer
 };
 
-// "deepseek_r1", "qwen3" (vLLM), "deepseek", "auto" (llama.cpp: Qwen3's rule), "none"; nullopt for a
-// name Serval does not know. `gpt_oss` is refused by the caller (no gpt-oss models yet).
+// "deepseek_r1", "qwen3", "gpt_oss" (vLLM), "deepseek", "auto" (llama.cpp: Qwen3's rule), "none";
+// nullopt for a name Serval does not know.
 std::optional<ReasoningFormat> reasoning_format_from_name(std::string_view name);
 const char* reasoning_format_names();  // for help and error messages
 
@@ -44,7 +46,9 @@ class ReasoningSplitter {
   ReasoningParts push(std::string_view text);
   // The end of the output: what was held back. Thinking that never closed stays thinking.
   ReasoningParts finish();
-  bool thinking() const { return state_ == State::Start || state_ == State::Thinking; }
+  bool thinking() const {
+    return state_ == State::Start || state_ == State::Thinking || (state_ == State::Body && body_is_thinking_);
+  }
 
  private:
   enum class State {
@@ -53,11 +57,15 @@ class ReasoningSplitter {
     Thinking,   // inside the thinking
     After,      // just past </think>: blanks before the answer are dropped
     Answer,     // the answer: passed through as it comes
+    Header,     // harmony: a message's header (`<|start|>assistant<|channel|>analysis`), up to <|message|>
+    Body,       // harmony: a message's text, up to <|end|>, <|return|> or <|call|>
   };
+  bool body_is_thinking_ = false;  // harmony: the message being read is on the analysis channel
   State state_;
   bool opened_ = false;  // the output's own <think> was read (a second one is text)
   std::string held_;  // text not yet shown: a possible tag, or blanks that may come before </think>
   void step(ReasoningParts& out);
+  bool step_harmony(ReasoningParts& out);  // Header and Body; false: wait for more text
 };
 
 }  // namespace serval

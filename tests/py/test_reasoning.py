@@ -145,8 +145,8 @@ def test_reasoning_effort_reaches_the_template(stories):
     assert status == 400 and r["error"]["param"] == "reasoning_effort"
 
 
-@pytest.mark.parametrize("name,message", [("gpt_oss", "gpt-oss models (the harmony format) are not supported yet"),
-                                          ("deepseek_v3", "one of deepseek_r1, qwen3")])
+@pytest.mark.parametrize("name,message", [("granite", "one of deepseek_r1, qwen3, gpt_oss"),
+                                          ("deepseek_v3", "one of deepseek_r1, qwen3, gpt_oss")])
 def test_unknown_parser_is_refused_at_startup(name, message):
     p = run("serve", STORIES, "--reasoning-parser", name, check=False, timeout=60)
     assert p.returncode != 0 and message in p.stderr, p.stderr

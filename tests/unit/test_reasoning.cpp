@@ -12,7 +12,8 @@
 namespace serval {
 namespace {
 
-constexpr auto R1 = ReasoningFormat::DeepSeekR1, Q3 = ReasoningFormat::Qwen3, None = ReasoningFormat::None;
+constexpr auto R1 = ReasoningFormat::DeepSeekR1, Q3 = ReasoningFormat::Qwen3, None = ReasoningFormat::None,
+               Oss = ReasoningFormat::GptOss;
 
 struct Case {
   const char* what;
@@ -44,6 +45,21 @@ const std::vector<Case>& cases() {
        "if x:\n    y", "ok"},
       {"UTF-8 on both sides", Q3, false, "<think>Überlegung ✓</think> Antwort 答", "Überlegung ✓", "Antwort 答"},
       {"no parser: everything is content", None, false, "<think>Plan</think>Answer", "", "<think>Plan</think>Answer"},
+      // OpenAI's harmony format (gpt-oss): the two output examples of OpenAI's harmony guide
+      // (cookbook.openai.com/articles/openai-harmony, a reply and a function call); analysis is the thinking.
+      {"gpt_oss: analysis then final", Oss, false,
+       "<|channel|>analysis<|message|>User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.<|end|>"
+       "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
+       "User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.", "2 + 2 = 4."},
+      {"gpt_oss: analysis then a call on the commentary channel", Oss, false,
+       "<|channel|>analysis<|message|>Need to use function get_weather.<|end|><|start|>assistant<|channel|>"
+       "commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}<|call|>",
+       "Need to use function get_weather.", "{\"location\":\"San Francisco\"}"},
+      {"gpt_oss: analysis cut off by the token limit", Oss, false, "<|channel|>analysis<|message|>Thinking on",
+       "Thinking on", ""},
+      {"gpt_oss: text that only looks like a marker stays", Oss, false,
+       "<|channel|>final<|message|>a < b and <|x|> stays<|return|>", "", "a < b and <|x|> stays"},
+      {"gpt_oss: output that is not harmony is the answer", Oss, false, "Plain answer.", "", "Plain answer."},
   };
   return all;
 }
@@ -116,7 +132,8 @@ TEST(Reasoning, NamesAreVllmsAndLlamaCpps) {
   EXPECT_EQ(reasoning_format_from_name("deepseek"), Q3);
   EXPECT_EQ(reasoning_format_from_name("auto"), Q3);
   EXPECT_EQ(reasoning_format_from_name("none"), None);
-  EXPECT_FALSE(reasoning_format_from_name("gpt_oss").has_value());
+  EXPECT_EQ(reasoning_format_from_name("gpt_oss"), Oss);
+  EXPECT_FALSE(reasoning_format_from_name("deepseek-legacy").has_value());
   EXPECT_FALSE(reasoning_format_from_name("").has_value());
 }
 
