@@ -273,6 +273,7 @@ void CompletionRun::client_gone() {
   for (auto& c : choices_) {
     if (c.done) continue;
     c.done = true;
+    c.finish_reason = "abort";  // what a stored response records (Responses: status cancelled)
     ctx_.metrics->observe_request(std::chrono::duration<double>(SteadyClock::now() - c.t_start).count(), 0, "abort",
                                   int64_t(job_.prompt.size()), c.tokens);
   }

@@ -6,6 +6,7 @@ translation onto the chat path), /tokenize for the token counts (a previous_resp
 counted as the chat messages it stands for), and the `openai` package's own event and response types
 (pydantic models, validated) for every streamed event's shape."""
 import json
+import time
 import urllib.request
 
 import openai
@@ -193,3 +194,20 @@ def test_refusals(server, body, status, param, message):
 def test_unknown_response_id_is_404(server):
     status, text = server.get("/v1/responses/resp-0000")
     assert status == 404 and json.loads(text)["error"]["code"] == "not_found"
+
+
+def test_a_client_that_hangs_up_leaves_a_cancelled_response(server, client):
+    sock = server.open_stream("/v1/responses", {"model": MODEL, "input": ASK, "stream": True, "max_output_tokens": 2000,
+                                                "temperature": 0})
+    seen = b""
+    while b"response.output_text.delta" not in seen:
+        seen += sock.recv(4096)
+    response_id = json.loads(seen.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+    sock.close()
+    for _ in range(100):  # the server notices the hang-up at once; the store gets the response as it ends
+        try:
+            got = client.responses.retrieve(response_id)
+            break
+        except openai.NotFoundError:
+            time.sleep(0.1)
+    assert got.status == "cancelled" and got.usage.output_tokens < 2000
