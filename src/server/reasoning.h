@@ -46,9 +46,6 @@ class ReasoningSplitter {
   ReasoningParts push(std::string_view text);
   // The end of the output: what was held back. Thinking that never closed stays thinking.
   ReasoningParts finish();
-  bool thinking() const {
-    return state_ == State::Start || state_ == State::Thinking || (state_ == State::Body && body_is_thinking_);
-  }
 
  private:
   enum class State {

@@ -62,6 +62,20 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
 
+    def named_events(self, path, body, headers=None):
+        """A streaming POST's named SSE events (Anthropic's and OpenAI Responses' `event:` + `data:`) as
+        (name, data) pairs, read with urllib (the clients hide the names)."""
+        req = urllib.request.Request(self.url + path, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        with urllib.request.urlopen(req, timeout=120, context=self.ssl) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            blocks = r.read().decode().strip().split("\n\n")
+        events = []
+        for block in blocks:
+            lines = dict(line.split(": ", 1) for line in block.split("\n"))
+            events.append((lines["event"], json.loads(lines["data"])))
+        return events
+
     def open_stream(self, path, body):
         """Sends a streaming POST on a raw socket (so a test can drop the connection); returns the socket."""
         sock = socket.create_connection(("127.0.0.1", self.port))

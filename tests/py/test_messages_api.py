@@ -7,7 +7,6 @@ package's own event and message types (pydantic models validated strictly), and 
 Anthropic's streaming documentation (docs.anthropic.com, "Streaming Messages": the basic example's
 message_start ... message_stop, and the tool-use example's input_json_delta), written out below."""
 import json
-import urllib.request
 
 import anthropic
 import openai
@@ -90,17 +89,7 @@ def via_client(claude, body):
 
 
 def raw_events(server, body):
-    """The SSE stream as (event name, data) pairs, read with urllib (not the client, which hides names)."""
-    req = urllib.request.Request(server.url + "/v1/messages", data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json", "x-api-key": KEY})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert r.headers["Content-Type"].startswith("text/event-stream")
-        blocks = r.read().decode().strip().split("\n\n")
-    events = []
-    for block in blocks:
-        lines = dict(line.split(": ", 1) for line in block.split("\n"))
-        events.append((lines["event"], json.loads(lines["data"])))
-    return events
+    return server.named_events("/v1/messages", body, {"x-api-key": KEY})
 
 
 def check_documented_shape(name, data):

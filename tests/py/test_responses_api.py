@@ -7,7 +7,6 @@ counted as the chat messages it stands for), and the `openai` package's own even
 (pydantic models, validated) for every streamed event's shape."""
 import json
 import time
-import urllib.request
 
 import openai
 import pydantic
@@ -59,16 +58,9 @@ def test_reply_is_the_chat_reply_as_a_response(server, client):
 
 
 def raw_events(server, body):
-    req = urllib.request.Request(server.url + "/v1/responses", data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert r.headers["Content-Type"].startswith("text/event-stream")
-        blocks = r.read().decode().strip().split("\n\n")
     events = []
-    for block in blocks:
-        lines = dict(line.split(": ", 1) for line in block.split("\n"))
-        data = json.loads(lines["data"])
-        assert lines["event"] == data["type"]
+    for name, data in server.named_events("/v1/responses", body):
+        assert name == data["type"]
         pydantic.TypeAdapter(ResponseStreamEvent).validate_python(data)  # the client's own event types
         events.append(data)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
