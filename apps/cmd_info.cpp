@@ -1,11 +1,13 @@
 // `serval info MODEL` and `serval tokenize -m MODEL -p TEXT`.
 #include <fmt/core.h>
 
+#include <filesystem>
 #include <map>
 
 #include "apps/commands.h"
 #include "io/gguf.h"
 #include "model/model.h"
+#include "tokenizer/load.h"
 
 namespace serval::cli {
 namespace {
@@ -51,6 +53,16 @@ void print_info(const std::string& path) {
              v.tokens.size(), v.bos, v.eos, v.add_bos);
 }
 
+// The vocabulary alone (no weights are read): a GGUF file's, a directory's tokenizer.json, or the
+// --tokenizer override. A vocabulary-only GGUF works too.
+Vocab load_vocab(const std::string& path, const std::string& tokenizer_json) {
+  if (!tokenizer_json.empty()) return vocab_from_tokenizer_json(tokenizer_json);
+  if (std::filesystem::is_directory(path)) return vocab_from_tokenizer_json((std::filesystem::path(path) / "tokenizer.json").string());
+  if (path.ends_with(".safetensors"))
+    return vocab_from_tokenizer_json((std::filesystem::path(path).parent_path() / "tokenizer.json").string());
+  return vocab_from_gguf(GgufFile(path));
+}
+
 }  // namespace
 
 void add_info(CLI::App& app) {
@@ -71,8 +83,7 @@ void add_tokenize(CLI::App& app) {
   cmd->add_flag("--parse-special", o->special, "turn special-token text such as <|im_start|> into its id");
   cmd->add_flag("--show-pieces", o->pieces, "print each id with its text");
   cmd->callback([o] {
-    auto model = Model::load(resolve_model_path(o->model), {o->tokenizer});
-    const auto& tok = model->tokenizer();
+    const Tokenizer tok(load_vocab(resolve_model_path(o->model), o->tokenizer));
     for (int32_t id : tok.encode(o->prompt, !o->no_bos, o->special)) {
       if (o->pieces) fmt::print("{} -> '{}'\n", id, tok.token_to_piece(id, true));
       else fmt::print("{}\n", id);

@@ -18,6 +18,8 @@ void add_info(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_tokenize(CLI::App& app);
+void add_embed(CLI::App& app);
+void add_rerank(CLI::App& app);
 void add_pull(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_score(CLI::App& app);

@@ -42,6 +42,8 @@ std::string resolve_model_path(const std::string& name) {
   if (std::filesystem::exists(name)) return name;
   const std::string cached = model_cache_dir() + "/" + name + ".gguf";
   if (std::filesystem::exists(cached)) return cached;
+  const std::string dir = model_cache_dir() + "/" + name;  // a Hugging Face directory (an encoder)
+  if (name.find('/') == std::string::npos && std::filesystem::is_directory(dir)) return dir;
   fail("{}: no such file, and no model of that name in {} (try `serval pull {}`)", name, model_cache_dir(), name);
 }
 
@@ -79,6 +81,8 @@ int main(int argc, char** argv) {
   serval::cli::add_generate(app);
   serval::cli::add_perplexity(app);
   serval::cli::add_tokenize(app);
+  serval::cli::add_embed(app);
+  serval::cli::add_rerank(app);
   serval::cli::add_pull(app);
   serval::cli::add_bench(app);
   serval::cli::add_train_heads(app);

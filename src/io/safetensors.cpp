@@ -42,6 +42,8 @@ void SafetensorsFile::parse(std::span<const uint8_t> bytes) {
     if (dtype == "F32") type = DType::F32;
     else if (dtype == "F16") type = DType::F16;
     else if (dtype == "BF16") type = DType::BF16;
+    // Integer tensors are buffers, not weights (BERT's embeddings.position_ids): not listed.
+    else if (dtype == "I64" || dtype == "I32" || dtype == "I16" || dtype == "I8" || dtype == "U8" || dtype == "BOOL") continue;
     else fail("{}: tensor '{}' has unsupported dtype {}", path, name, dtype);
     TensorRef t{name, type, {}, nullptr, 0};
     const auto& shape = entry["shape"];

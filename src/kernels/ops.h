@@ -123,6 +123,10 @@ void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n
 
 // Small elementwise ops, one implementation (they are their own reference).
 void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
+// LayerNorm: (x - mean) / sqrt(var + eps) * w + b (biased variance; sums in double). `out` may be `x`.
+void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n, float eps);
+// GELU in its exact form, 0.5 x (1 + erf(x / sqrt 2)) (BERT's "gelu").
+float gelu_erf(float x);
 void softmax_inplace(float* x, int64_t n);
 float silu(float x);
 float gelu_tanh(float x);

@@ -30,6 +30,73 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
+// [CLS] text [SEP]: llama.cpp's converter writes the separator's id but no key for [CLS] (its runtime
+// assumes the BERT ids); Serval's writes both as bos and separator. Normalization: uncased unless
+// Serval's keys say otherwise (llama.cpp's runtime always lowercases and strips accents).
+void set_wordpiece_specials(Vocab& v, const GgufFile& g) {
+  auto find = [&](const char* text) -> int32_t {
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.tokens[i] == text) return int32_t(i);
+    return -1;
+  };
+  const int32_t cls = find("[CLS]");
+  if (cls >= 0 && !g.has("tokenizer.ggml.bos_token_id")) v.bos = cls;
+  v.eos = static_cast<int32_t>(g.find_int("tokenizer.ggml.seperator_token_id").value_or(find("[SEP]")));
+  if (v.unk < 0) v.unk = find("[UNK]");
+  v.add_bos = v.add_eos = true;
+  v.add_space_prefix = true;
+  v.wordpiece.lowercase = g.find_bool("serval.tokenizer.lowercase").value_or(true);
+  v.wordpiece.strip_accents = g.find_bool("serval.tokenizer.strip_accents").value_or(v.wordpiece.lowercase);
+}
+
+// A WordPiece tokenizer.json (BERT): its vocabulary in GGUF's spelling, its normalizer's flags, and
+// [CLS] / [SEP] around the text.
+Vocab wordpiece_from_json(const nlohmann::json& j, const std::string& path) {
+  Vocab v;
+  v.kind = TokenizerKind::WordPiece;
+  const auto& model = j.at("model");
+  check(model.value("continuing_subword_prefix", "##") == "##", "{}: WordPiece prefix other than '##' is unsupported", path);
+  v.wordpiece.max_chars_per_word = model.value("max_input_chars_per_word", 100);
+  const auto& vocab = model.at("vocab");
+  v.tokens.resize(vocab.size());
+  for (auto& [text, id] : vocab.items()) {
+    const auto i = id.get<int64_t>();
+    check(i >= 0 && i < static_cast<int64_t>(vocab.size()), "{}: token id {} out of range", path, i);
+    v.tokens[i] = wordpiece_to_phantom(text);
+  }
+  v.attrs.assign(v.tokens.size(), TokenAttr::Normal);
+  for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+    const auto i = t.at("id").get<int64_t>();
+    check(i >= 0 && i < static_cast<int64_t>(v.tokens.size()), "{}: added token id {} out of range", path, i);
+    v.tokens[i] = t.at("content").get<std::string>();
+    v.attrs[i] = t.value("special", false) ? TokenAttr::Control : TokenAttr::UserDefined;
+  }
+  const auto& norm = j.value("normalizer", nlohmann::json());
+  if (norm.is_object()) {
+    check(norm.value("type", "") == "BertNormalizer", "{}: WordPiece with a '{}' normalizer is unsupported", path,
+          norm.value("type", ""));
+    v.wordpiece.clean_text = norm.value("clean_text", true);
+    v.wordpiece.chinese_chars = norm.value("handle_chinese_chars", true);
+    v.wordpiece.lowercase = norm.value("lowercase", true);
+    const auto& strip = norm.value("strip_accents", nlohmann::json());
+    v.wordpiece.strip_accents = strip.is_boolean() ? strip.get<bool>() : v.wordpiece.lowercase;
+  } else {
+    v.wordpiece.clean_text = v.wordpiece.chinese_chars = v.wordpiece.lowercase = v.wordpiece.strip_accents = false;
+  }
+  auto id_of = [&](const std::string& text) -> int32_t {
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.tokens[i] == text) return int32_t(i);
+    return -1;
+  };
+  v.unk = id_of(model.value("unk_token", "[UNK]"));
+  v.bos = id_of("[CLS]");
+  v.eos = id_of("[SEP]");
+  v.pad = id_of("[PAD]");
+  v.add_bos = v.add_eos = true;
+  v.add_space_prefix = true;
+  return v;
+}
+
 }  // namespace
 
 Vocab vocab_from_gguf(const GgufFile& g) {
@@ -37,7 +104,8 @@ Vocab vocab_from_gguf(const GgufFile& g) {
   const std::string model = g.get_string("tokenizer.ggml.model");
   if (model == "llama") v.kind = TokenizerKind::Spm;
   else if (model == "gpt2") v.kind = TokenizerKind::ByteLevelBpe;
-  else fail("{}: unsupported tokenizer model '{}' (llama and gpt2 are supported)", g.path(), model);
+  else if (model == "bert") v.kind = TokenizerKind::WordPiece;
+  else fail("{}: unsupported tokenizer model '{}' (llama, gpt2 and bert are supported)", g.path(), model);
   v.tokens = g.get_array("tokenizer.ggml.tokens").strings;
   check(!v.tokens.empty(), "{}: tokenizer.ggml.tokens is empty or not a string array", g.path());
   const size_t n = v.tokens.size();
@@ -70,6 +138,7 @@ Vocab vocab_from_gguf(const GgufFile& g) {
   v.add_bos = g.find_bool("tokenizer.ggml.add_bos_token").value_or(v.kind == TokenizerKind::Spm);
   v.add_eos = g.find_bool("tokenizer.ggml.add_eos_token").value_or(false);
   v.chat_template = g.find_string("tokenizer.chat_template").value_or("");
+  if (v.kind == TokenizerKind::WordPiece) set_wordpiece_specials(v, g);
   return v;
 }
 
@@ -78,7 +147,8 @@ Vocab vocab_from_tokenizer_json(const std::string& path) {
   Vocab v;
   try {
     const auto& model = j.at("model");
-    check(model.value("type", "BPE") == "BPE", "{}: only BPE tokenizer.json models are supported", path);
+    if (model.value("type", "BPE") == "WordPiece") return wordpiece_from_json(j, path);
+    check(model.value("type", "BPE") == "BPE", "{}: only BPE and WordPiece tokenizer.json models are supported", path);
     const auto& vocab = model.at("vocab");
     v.tokens.resize(vocab.size());
     for (auto& [text, id] : vocab.items()) {

@@ -191,6 +191,9 @@ void Tokenizer::encode_fragment(std::string_view text, bool first_fragment, std:
       else encode_bpe_word(s, out);
       return;
     }
+    case TokenizerKind::WordPiece:
+      for (const auto& word : wordpiece_words(text, vocab_.wordpiece)) encode_wordpiece_word(word, out);
+      return;
     case TokenizerKind::ByteLevelBpe:
       for (const auto& word : pre_tokenize(vocab_.pre, text)) {
         std::string mapped;
@@ -229,6 +232,30 @@ void Tokenizer::encode_bpe_word(std::string_view word, std::vector<int32_t>& out
     for (auto ch : utf8_split_chars(piece))
       if (int32_t id = find(ch); id >= 0) out.push_back(id);
   }
+}
+
+// Greedy longest-match-first from the left; a word with a piece that matches nothing (or longer than
+// max_chars_per_word characters) is the unknown token as a whole.
+void Tokenizer::encode_wordpiece_word(std::string_view word, std::vector<int32_t>& out) const {
+  const auto chars = utf8_split_chars(word);
+  const size_t n = chars.size();
+  std::vector<int32_t> pieces;
+  bool known = n <= size_t(std::max(vocab_.wordpiece.max_chars_per_word, 0));
+  std::string key;
+  for (size_t start = 0; known && start < n;) {
+    int32_t id = -1;
+    size_t end = n;
+    for (; end > start; --end) {
+      key.assign(start == 0 ? kSpmSpace : std::string_view());
+      key.append(chars[start].data(), size_t(chars[end - 1].data() + chars[end - 1].size() - chars[start].data()));
+      if ((id = find(key)) >= 0) break;
+    }
+    if (id < 0) known = false;
+    else pieces.push_back(id);
+    start = end;
+  }
+  if (known) out.insert(out.end(), pieces.begin(), pieces.end());
+  else if (vocab_.unk >= 0) out.push_back(vocab_.unk);
 }
 
 void Tokenizer::emit_with_byte_fallback(std::string_view piece, std::vector<int32_t>& out) const {

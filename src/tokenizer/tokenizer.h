@@ -1,5 +1,5 @@
 // Tokenizers: SentencePiece-style (scores, byte fallback), byte-level BPE with named pre-tokenizers,
-// and Hugging Face BPE from tokenizer.json. Built from GGUF metadata or tokenizer.json.
+// Hugging Face BPE from tokenizer.json, and BERT's WordPiece. Built from GGUF metadata or tokenizer.json.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tokenizer/pretokenize.h"
+#include "tokenizer/wordpiece.h"
 
 namespace serval {
 
@@ -19,6 +20,7 @@ enum class TokenizerKind {
   Spm,            // SentencePiece: merge adjacent pieces by highest score, byte fallback
   ByteLevelBpe,   // GPT-2 style: bytes mapped to printable code points, merges by rank
   CharBpe,        // tokenizer.json BPE over characters with merges by rank and byte fallback
+  WordPiece,      // BERT: normalized words split greedily into the longest known pieces
 };
 
 struct Vocab {
@@ -30,6 +32,8 @@ struct Vocab {
   PreTokenizer pre = PreTokenizer::None;
   bool add_space_prefix = true;  // SPM: prefix the text with a space (as U+2581)
   bool ignore_merges = false;    // BPE: a pre-token that is a whole token is emitted as-is
+  WordPieceOptions wordpiece;    // WordPiece: normalization (its tokens are spelled as GGUF spells them,
+                                 // wordpiece_to_phantom); bos is [CLS] and eos [SEP]
   int32_t bos = -1, eos = -1, eot = -1, unk = -1, pad = -1;
   bool add_bos = false, add_eos = false;
   std::vector<int32_t> end_of_generation;  // EOS, EOT and similar ids that end a reply
@@ -66,6 +70,7 @@ class Tokenizer {
   void encode_spm(std::string_view text, std::vector<int32_t>& out) const;
   void encode_bpe_word(std::string_view word, std::vector<int32_t>& out) const;
   void emit_with_byte_fallback(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_wordpiece_word(std::string_view word, std::vector<int32_t>& out) const;
 };
 
 // Byte-level BPE's mapping of a byte to its printable code point (GPT-2 convention), as UTF-8.

@@ -230,6 +230,17 @@ void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) 
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
 
+void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n, float eps) {
+  double sum = 0, ss = 0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const double mean = sum / double(n);
+  for (int64_t i = 0; i < n; ++i) ss += (x[i] - mean) * (x[i] - mean);
+  const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = float((x[i] - mean) * inv) * w[i] + b[i];
+}
+
+float gelu_erf(float x) { return float(0.5 * x * (1.0 + std::erf(double(x) * 0.7071067811865476))); }
+
 void softmax_inplace(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
