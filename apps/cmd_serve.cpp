@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/file_util.h"
 #include "engine/engine_loop.h"
+#include "model/encoder.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
 
@@ -26,7 +27,36 @@ struct ServeOptions {
   ParallelFlags parallel;  // --tp / --pp under mpirun
   KvEventsConfig kv_events;
   std::string kv_events_config;  // vLLM's --kv-events-config JSON
+  std::string pooling;           // --pooling: an encoder's /v1/embeddings pooling (default: the model's)
+  std::string task, runner;      // vLLM's --task / --runner, checked against the model
+  bool embeddings = false, reranking = false;  // llama-server's --embeddings / --reranking
 };
+
+// vLLM's --task / --runner and llama-server's --embeddings / --reranking name what the server is for;
+// an encoder serves the pooling APIs, a decoder generates. A flag that asks for what the model cannot
+// serve is refused at startup.
+void check_model_role(const ServeOptions& o, bool encoder, const std::string& path) {
+  const bool pooling_asked = o.embeddings || o.reranking || o.runner == "pooling" ||
+                             (!o.task.empty() && o.task != "generate" && o.task != "auto");
+  const bool generate_asked = o.runner == "generate" || o.task == "generate";
+  check(!(encoder && generate_asked), "{}: an encoder (embedding) model cannot generate text (--task/--runner generate)", path);
+  check(!(!encoder && pooling_asked),
+        "{}: embeddings, rerank and score are served by encoder models (BERT family, such as all-MiniLM-L6-v2); this "
+        "model generates text", path);
+}
+
+// An encoder model: the pooling APIs only (no engine, no KV cache).
+void serve_encoder(ServeOptions& o, HttpServer& server, const std::string& path, std::unique_ptr<EncoderModel>& encoder) {
+  encoder = EncoderModel::load(path);
+  const auto& c = encoder->config();
+  std::optional<int> pooling;
+  if (!o.pooling.empty()) pooling = int(pooling_from_name(o.pooling));
+  check(!o.reranking || c.n_classes > 0, "{}: --reranking needs a cross-encoder (a model with a classification head)", path);
+  server.attach_encoder(*encoder, pooling);
+  fmt::print(stderr, "serval: encoder {} ({} layers, {} dimensions, {} positions, {} pooling{})\n", c.arch, c.n_layer,
+             c.n_embd, c.n_pos, pooling_name(pooling ? Pooling(*pooling) : c.pooling),
+             c.n_classes > 0 ? ", cross-encoder: /v1/rerank and /score" : "");
+}
 
 // Publishes the engine's KV cache events when asked to (null otherwise).
 std::unique_ptr<KvEventPublisher> start_kv_events(ServeOptions& o, Engine& engine) {
@@ -39,6 +69,21 @@ std::unique_ptr<KvEventPublisher> start_kv_events(ServeOptions& o, Engine& engin
   fmt::print(stderr, "serval: KV cache events on {} ({} encoding{})\n", o.kv_events.endpoint, o.kv_events.encoding,
              o.kv_events.replay_endpoint.empty() ? "" : ", replays on " + o.kv_events.replay_endpoint);
   return publisher;
+}
+
+// Serves until SIGTERM / SIGINT (then drains) or until the server stops by itself.
+void wait_for_signal(const ServeOptions& o, HttpServer& server, sigset_t signals) {
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    fmt::print(stderr, "serval: signal {}: draining (up to {} s)\n", sig, o.server.drain_timeout_s);
+    server.drain_and_stop();
+  });
+  server.wait();
+  // If the server stopped for another reason, wake the watcher.
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+  fmt::print(stderr, "serval: stopped (at most {} connections were open at once)\n", server.peak_connections());
 }
 
 void run_serve(ServeOptions& o) {
@@ -62,9 +107,20 @@ void run_serve(ServeOptions& o) {
     o.server.chat_template = read_text_file(o.chat_template_file);
   }
   const char* scheme = o.server.ssl_certfile.empty() ? "http" : "https";
+  const bool encoder_model = EncoderModel::is_encoder(path);
+  check_model_role(o, encoder_model, path);
+  std::unique_ptr<EncoderModel> encoder;  // outlives the server, whose embedding worker reads it
   HttpServer server(o.server);
   server.start();  // /health answers 503 while the model loads
   fmt::print(stderr, "serval: listening on {}://{}:{} (loading {})\n", scheme, o.server.host, server.port(), path);
+  if (encoder_model) {
+    serve_encoder(o, server, path, encoder);
+    fmt::print(stderr,
+               "serval: ready: {}://{}:{} serves '{}' — try\n  curl {}://{}:{}/v1/embeddings -H 'Content-Type: "
+               "application/json' -d '{{\"input\": \"Hello!\"}}'\n",
+               scheme, o.server.host, server.port(), o.server.served_model_name, scheme, o.server.host, server.port());
+    return wait_for_signal(o, server, signals);
+  }
   auto model = o.parallel.load(path);
   o.engine.spec.load_heads(*model);
   Engine engine(*model, o.engine.config());
@@ -80,18 +136,8 @@ void run_serve(ServeOptions& o) {
              "  curl {}/v1/chat/completions -H 'Content-Type: application/json' -d "
              "'{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n",
              url, o.server.served_model_name, url, url, o.server.served_model_name);
-  std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    fmt::print(stderr, "serval: signal {}: draining (up to {} s)\n", sig, o.server.drain_timeout_s);
-    server.drain_and_stop();
-  });
-  server.wait();
-  // If the server stopped for another reason, wake the watcher.
-  pthread_kill(watcher.native_handle(), SIGTERM);
-  watcher.join();
+  wait_for_signal(o, server, signals);
   loop.stop();
-  fmt::print(stderr, "serval: stopped (at most {} connections were open at once)\n", server.peak_connections());
 }
 
 void add_kv_events_flags(CLI::App* cmd, ServeOptions& o) {
@@ -160,6 +206,14 @@ void add_serve(CLI::App& app) {
                   "Responses API: responses kept in memory for previous_response_id and GET /v1/responses/ID, the "
                   "oldest dropped first (default 256; 0 keeps none)");
   add_kv_events_flags(cmd, *o);
+  cmd->add_option("--pooling", o->pooling, "an encoder's /v1/embeddings pooling: mean, cls or last (default: the model's)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
+  cmd->add_flag("--embeddings,--embedding", o->embeddings, "llama-server's: serve embeddings (the model must be an encoder)");
+  cmd->add_flag("--reranking,--rerank", o->reranking, "llama-server's: serve /v1/rerank (the model must be a cross-encoder)");
+  cmd->add_option("--task", o->task, "vLLM's: generate, embed, score, classify, reward or auto (checked against the model)")
+      ->check(CLI::IsMember({"auto", "generate", "embed", "embedding", "score", "classify", "reward"}));
+  cmd->add_option("--runner", o->runner, "vLLM's: generate, pooling or auto (checked against the model)")
+      ->check(CLI::IsMember({"auto", "generate", "pooling"}));
   o->parallel.add_to(cmd);
   cmd->callback([o] { run_serve(*o); });
 }

@@ -14,6 +14,7 @@
 #include "base/file_util.h"
 #include "io/gguf_writer.h"
 #include "io/safetensors.h"
+#include "io/tensor_names.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 #include "tokenizer/load.h"
@@ -75,11 +76,14 @@ Checkpoint open_checkpoint(const fs::path& dir) {
 // config.json's architecture: LlamaForCausalLM -> llama, Qwen2ForCausalLM -> qwen2, Gemma3ForCausalLM -> gemma3.
 std::string arch_of(const json& config, const std::string& path) {
   static const std::map<std::string, std::string> known = {
-      {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"}};
+      {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
+      {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
   check(a.is_array() && !a.empty() && a[0].is_string(), "{}: no 'architectures' list", path);
   const auto it = known.find(a[0].get<std::string>());
-  check(it != known.end(), "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)",
+  check(it != known.end(),
+        "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM, BertModel, "
+        "BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
@@ -130,8 +134,39 @@ void add_linear_rope_scaling(GgufWriter& w, const std::string& a, const json& c)
   }
 }
 
+GgufValue int_array(GgufValueType type, std::vector<int64_t> v);
+
+// GGUF's pooling_type of a BERT directory: rank for a classifier, else its sentence-transformers pooling.
+uint32_t bert_pooling(const fs::path& dir, const json& c) {
+  const auto& a = c.value("architectures", json::array());
+  if (a.is_array() && !a.empty() && a[0] == "BertForSequenceClassification") return 4;  // rank
+  const fs::path p = dir / "1_Pooling" / "config.json";
+  if (!fs::exists(p)) return 1;  // mean
+  const json j = read_json(p);
+  if (j.value("pooling_mode_cls_token", false)) return 2;
+  if (j.value("pooling_mode_lasttoken", false)) return 3;
+  return 1;
+}
+
+// BertModel's keys, and Serval's own: the tokenizer's normalization and Matryoshka dimensions.
+void add_bert_hparams(GgufWriter& w, const json& c, DType outtype, const fs::path& dir, const std::string& path) {
+  w.add_u32("bert.context_length", hp_u32(c, "max_position_embeddings", path));
+  w.add_u32("bert.embedding_length", hp_u32(c, "hidden_size", path));
+  w.add_u32("bert.feed_forward_length", hp_u32(c, "intermediate_size", path));
+  w.add_u32("bert.block_count", hp_u32(c, "num_hidden_layers", path));
+  w.add_u32("bert.attention.head_count", hp_u32(c, "num_attention_heads", path));
+  w.add_f32("bert.attention.layer_norm_epsilon", c.value("layer_norm_eps", 1e-12f));
+  w.add_value("bert.attention.causal", {GgufValueType::BOOL, false});
+  w.add_u32("bert.pooling_type", bert_pooling(dir, c));
+  w.add_u32("general.file_type", file_type_of(outtype));
+  if (c.contains("matryoshka_dimensions") && c["matryoshka_dimensions"].is_array())
+    w.add_value("serval.matryoshka_dimensions",
+                int_array(GgufValueType::INT32, c["matryoshka_dimensions"].get<std::vector<int64_t>>()));
+}
+
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
 void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType outtype, const std::string& path) {
+  if (arch == "bert") return;  // add_bert_hparams
   if (arch != "gemma3") {
     add_common_hparams(w, arch, c, path);
     w.add_u32("general.file_type", file_type_of(outtype));
@@ -267,9 +302,38 @@ void add_special_tokens(GgufWriter& w, const json& tok, const json& tc, const js
     w.add_string("tokenizer.chat_template", tc["chat_template"].get<std::string>());
 }
 
+// A WordPiece vocabulary as llama.cpp's BertModel writes it (phantom-space spelling, wordpiece.h),
+// with [CLS] as bos and [SEP] as separator, and Serval's keys for a cased tokenizer.
+void add_wordpiece_tokenizer(GgufWriter& w, const Vocab& v, size_t type_count) {
+  w.add_string("tokenizer.ggml.model", "bert");
+  w.add_string("tokenizer.ggml.pre", "default");
+  w.add_value("tokenizer.ggml.tokens", string_array(v.tokens));
+  std::vector<int64_t> types(v.tokens.size(), kNormal);
+  for (size_t i = 0; i < types.size(); ++i)
+    if (v.attrs[i] == TokenAttr::Control) types[i] = kControl;
+    else if (v.attrs[i] == TokenAttr::UserDefined) types[i] = kUserDefined;
+  w.add_value("tokenizer.ggml.token_type", int_array(GgufValueType::INT32, types));
+  w.add_u32("tokenizer.ggml.token_type_count", uint32_t(type_count));
+  const std::pair<const char*, int32_t> ids[] = {{"bos_token_id", v.bos}, {"seperator_token_id", v.eos},
+                                                 {"unknown_token_id", v.unk}, {"padding_token_id", v.pad}};
+  for (const auto& [key, id] : ids)
+    if (id >= 0) w.add_u32(std::string("tokenizer.ggml.") + key, uint32_t(id));
+  for (size_t i = 0; i < v.tokens.size(); ++i)
+    if (v.tokens[i] == "[MASK]") w.add_u32("tokenizer.ggml.mask_token_id", uint32_t(i));
+  w.add_value("tokenizer.ggml.add_bos_token", {GgufValueType::BOOL, true});
+  w.add_value("tokenizer.ggml.add_sep_token", {GgufValueType::BOOL, true});
+  w.add_value("serval.tokenizer.lowercase", {GgufValueType::BOOL, v.wordpiece.lowercase});
+  w.add_value("serval.tokenizer.strip_accents", {GgufValueType::BOOL, v.wordpiece.strip_accents});
+}
+
 // The tokenizer.ggml.* keys from tokenizer.json and tokenizer_config.json.
 void add_tokenizer(GgufWriter& w, const std::string& arch, const fs::path& dir, const json& config) {
   const fs::path tok_path = dir / "tokenizer.json";
+  if (arch == "bert") {
+    const Vocab v = vocab_from_tokenizer_json(tok_path.string());
+    check(v.kind == TokenizerKind::WordPiece, "{}: a BERT model needs a WordPiece tokenizer", tok_path.string());
+    return add_wordpiece_tokenizer(w, v, config.value("type_vocab_size", 2u));
+  }
   const json tok = read_json(tok_path);
   const json tc = fs::exists(dir / "tokenizer_config.json") ? read_json(dir / "tokenizer_config.json") : json::object();
   Vocab v = vocab_from_tokenizer_json(tok_path.string());
@@ -342,7 +406,8 @@ std::vector<std::pair<std::string, const TensorRef*>> mapped_tensors(const ArchI
   std::vector<std::pair<std::string, const TensorRef*>> out;
   for (const auto& [hf, t] : c.tensors) {
     if (hf.ends_with(".rotary_emb.inv_freq")) continue;
-    std::string name = gguf_tensor_name(a.arch, hf);
+    std::string name = a.arch == "bert" ? bert_gguf_name(hf) : gguf_tensor_name(a.arch, hf);
+    if (a.arch == "bert" && name.empty()) continue;  // position ids, a masked-LM head: not kept
     // Tied embeddings stored only as lm_head.weight: that is the embedding (llama.cpp's newer converters
     // name it so; the one beside this project writes output.weight and no token_embd.weight).
     if (hf == "lm_head.weight" && a.tied) {
@@ -427,6 +492,8 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
 DType converted_type(const std::string& name, size_t n_dims, uint64_t row_len, DType outtype) {
   const auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.ends_with(s); };
   if (n_dims <= 1 || ends_with("_norm.weight") || !ends_with(".weight")) return DType::F32;
+  // Position and token-type tables stay F32 (as llama.cpp's converter keeps them): rows added to every token.
+  if (name == "position_embd.weight" || name == "token_types.weight") return DType::F32;
   if (outtype == DType::Q8_0 && row_len % dtype_info(DType::Q8_0).block_elems != 0) return DType::F16;
   return outtype;
 }
@@ -463,6 +530,7 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   GgufWriter w;
   add_general(w, a.arch, dir);
   add_hparams(w, a.arch, config, o.outtype, config_path);
+  if (a.arch == "bert") add_bert_hparams(w, config, o.outtype, dir, config_path);
   add_tokenizer(w, a.arch, dir, config);
   w.add_u32("general.quantization_version", kQuantizationVersion);
   for (size_t i = 0; i < tensors.size(); ++i) {

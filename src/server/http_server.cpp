@@ -14,6 +14,8 @@
 #include "base/error.h"
 #include "server/api_request.h"
 #include "server/completion_run.h"
+#include "server/embedding_service.h"
+#include "server/embeddings_api.h"
 #include "server/http_transport.h"
 #include "server/jinja.h"
 #include "server/messages_api.h"
@@ -64,9 +66,12 @@ struct HttpServer::Impl {
   std::unique_ptr<http::Transport> transport;
   net::thread_pool api_pool;
   std::map<std::pair<std::string, std::string>, Route> routes;
-  // Set by attach() before `model` is published; read only after model.load() is non-null.
+  // Set by attach() / attach_encoder() before `ready` is published; read only after it is true.
   std::atomic<const Model*> model{nullptr};
-  EngineLoop* loop = nullptr;
+  EngineLoop* loop = nullptr;                 // null when serving an encoder
+  std::unique_ptr<EmbeddingService> embedder;  // an encoder's, else null
+  Pooling pooling = Pooling::Mean;             // of /v1/embeddings
+  std::atomic<bool> ready{false};
   std::unique_ptr<jinja::Template> chat_template;
   ApiContext api;
   Metrics metrics;
@@ -91,6 +96,7 @@ struct HttpServer::Impl {
   std::optional<http::Response> preflight(const http::Request& req) const;
   std::optional<http::Response> authenticate(const http::Request& req) const;
   std::optional<http::Response> require_model(const http::Request& req) const;
+  std::optional<http::Response> route_fits_model(const http::Request& req) const;
   std::optional<http::Response> refuse_while_draining(const http::Request& req) const;
 
   void get_health(http::Request&, Exchange ex);
@@ -109,6 +115,9 @@ struct HttpServer::Impl {
   void post_count_tokens(http::Request& req, Exchange ex);
   void post_responses(http::Request& req, Exchange ex);
   void get_response(const http::Request& req, Exchange ex);
+  void post_embeddings(http::Request& req, Exchange ex);
+  void post_rerank(http::Request& req, Exchange ex);
+  void post_score(http::Request& req, Exchange ex);
   void generate(http::Request& req, Exchange ex, bool chat);
   void start_run(const http::Request& req, Exchange ex, GenJob job);
   json engine_state();
@@ -131,6 +140,13 @@ void HttpServer::Impl::add_routes() {
       {{"POST", "/v1/messages"}, {false, &Impl::post_messages}},
       {{"POST", "/v1/messages/count_tokens"}, {false, &Impl::post_count_tokens}},
       {{"POST", "/v1/responses"}, {false, &Impl::post_responses}},
+      {{"POST", "/v1/embeddings"}, {false, &Impl::post_embeddings}},
+      {{"POST", "/embeddings"}, {false, &Impl::post_embeddings}},
+      {{"POST", "/v1/rerank"}, {false, &Impl::post_rerank}},
+      {{"POST", "/rerank"}, {false, &Impl::post_rerank}},
+      {{"POST", "/v2/rerank"}, {false, &Impl::post_rerank}},
+      {{"POST", "/score"}, {false, &Impl::post_score}},
+      {{"POST", "/v1/score"}, {false, &Impl::post_score}},
   };
 }
 
@@ -174,12 +190,39 @@ std::optional<http::Response> HttpServer::Impl::authenticate(const http::Request
 }
 
 static bool is_api_path(const std::string& path) {
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" || path.rfind("/engine/", 0) == 0 ||
-         path == "/reset_prefix_cache";
+  return path.rfind("/v1/", 0) == 0 || path.rfind("/v2/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
+         path.rfind("/engine/", 0) == 0 || path == "/reset_prefix_cache" || path == "/embeddings" || path == "/rerank" ||
+         path == "/score";
+}
+
+// The routes only a generating (decoder) model serves, and those only an encoder serves.
+static bool is_generation_path(const std::string& path) {
+  static const std::set<std::string> paths = {"/v1/completions", "/v1/chat/completions", "/v1/messages",
+                                              "/v1/messages/count_tokens", "/v1/responses", "/engine/state",
+                                              "/engine/blocks", "/reset_prefix_cache"};
+  return paths.count(path) > 0 || path.rfind("/v1/responses/", 0) == 0;
+}
+static bool is_pooling_path(const std::string& path) {
+  static const std::set<std::string> paths = {"/v1/embeddings", "/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
+                                              "/score", "/v1/score"};
+  return paths.count(path) > 0;
+}
+
+std::optional<http::Response> HttpServer::Impl::route_fits_model(const http::Request& req) const {
+  if (embedder && is_generation_path(req.path))
+    return error_for(req, ApiError{400, fmt::format("The model '{}' is an embedding model: it serves /v1/embeddings{}, "
+                                                    "not text generation", model_name,
+                                                    embedder->model().config().n_classes > 0 ? ", /v1/rerank and /score" : ""),
+                                   "invalid_request_error"});
+  if (!embedder && is_pooling_path(req.path))
+    return error_for(req, ApiError{400, fmt::format("The model '{}' generates text; embeddings, rerank and score need "
+                                                    "an encoder model (serve all-MiniLM-L6-v2 or a cross-encoder)", model_name),
+                                   "invalid_request_error"});
+  return std::nullopt;
 }
 
 std::optional<http::Response> HttpServer::Impl::require_model(const http::Request& req) const {
-  if (!is_api_path(req.path) || model.load()) return std::nullopt;
+  if (!is_api_path(req.path) || ready) return std::nullopt;
   return error_for(req, ApiError{503, "The model is still loading", "service_unavailable"});
 }
 
@@ -193,7 +236,7 @@ std::optional<http::Response> HttpServer::Impl::refuse_while_draining(const http
 // Runs on an I/O thread for every request.
 void HttpServer::Impl::handle(http::Request& req, Exchange ex) {
   static constexpr Filter filters[] = {&Impl::preflight, &Impl::authenticate, &Impl::require_model,
-                                       &Impl::refuse_while_draining};
+                                       &Impl::route_fits_model, &Impl::refuse_while_draining};
   for (Filter f : filters)
     if (auto r = (this->*f)(req)) return reply(ex, std::move(*r));
   if (req.method == "GET" && req.path.rfind("/v1/responses/", 0) == 0)  // the one route with an id in its path
@@ -212,7 +255,7 @@ void HttpServer::Impl::handle(http::Request& req, Exchange ex) {
 }
 
 void HttpServer::Impl::get_health(http::Request&, Exchange ex) {
-  const char* status = !model.load() ? "loading" : draining ? "draining" : "ok";
+  const char* status = !ready ? "loading" : draining ? "draining" : "ok";
   reply(ex, json_response(std::string(status) == "ok" ? 200 : 503, json{{"status", status}}));
 }
 
@@ -225,7 +268,7 @@ void HttpServer::Impl::get_openapi(http::Request&, Exchange ex) {
 }
 
 void HttpServer::Impl::get_metrics(http::Request&, Exchange ex) {
-  const EngineStats s = model.load() ? loop->stats_snapshot() : EngineStats{};
+  const EngineStats s = ready && loop ? loop->stats_snapshot() : EngineStats{};
   std::string text = metrics.render(s, model_name);
   if (cfg.metrics_names == "vllm") text += vllm_aliases(text);
   reply(ex, http::Response{200, "text/plain; version=0.0.4", text, {}});
@@ -283,6 +326,24 @@ void HttpServer::Impl::post_responses(http::Request& req, Exchange ex) {
   job.responses_echo = std::move(rj.echo);
   job.conversation = std::move(rj.conversation);
   start_run(req, std::move(ex), std::move(job));
+}
+
+void HttpServer::Impl::post_embeddings(http::Request& req, Exchange ex) {
+  EmbeddingJob job = parse_embeddings_request(parse_json_body(req.body), embedder->model(), api);
+  auto vectors = embedder->embed(std::move(job.inputs), pooling);
+  reply(ex, json_response(200, embeddings_response(job, std::move(vectors), model_name)));
+}
+
+void HttpServer::Impl::post_rerank(http::Request& req, Exchange ex) {
+  RerankJob job = parse_rerank_request(parse_json_body(req.body), embedder->model(), api);
+  const std::vector<float> logits = embedder->classify(std::move(job.inputs));
+  reply(ex, json_response(200, rerank_response(job, logits, model_name)));
+}
+
+void HttpServer::Impl::post_score(http::Request& req, Exchange ex) {
+  RerankJob job = parse_score_request(parse_json_body(req.body), embedder->model(), api);
+  const std::vector<float> logits = embedder->classify(std::move(job.inputs));
+  reply(ex, json_response(200, score_response(job, logits, model_name)));
 }
 
 void HttpServer::Impl::get_response(const http::Request& req, Exchange ex) {
@@ -425,7 +486,18 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
     }
   }
   api.chat_template = impl_->chat_template.get();
-  impl_->model.store(&model);  // publishes everything above
+  impl_->model.store(&model);
+  impl_->ready = true;  // publishes everything above
+}
+
+void HttpServer::attach_encoder(const EncoderModel& model, std::optional<int> pooling) {
+  impl_->pooling = pooling ? Pooling(*pooling) : model.config().pooling == Pooling::Rank ? Pooling::Cls : model.config().pooling;
+  ApiContext& api = impl_->api;
+  api.tokenizer = &model.tokenizer();
+  api.model_name = impl_->model_name;
+  api.max_model_len = model.config().n_pos;
+  impl_->embedder = std::make_unique<EmbeddingService>(model);
+  impl_->ready = true;  // publishes everything above
 }
 
 void HttpServer::wait() {

@@ -1,9 +1,11 @@
-// The OpenAI-compatible HTTP server: talks only to the EngineLoop. Completions and chat
-// completions (streaming over SSE or not), models, tokenize/detokenize, health, Prometheus metrics,
+// The OpenAI-compatible HTTP server: talks only to the EngineLoop (or, for an encoder model, to its
+// EmbeddingService). Completions and chat completions (streaming over SSE or not), embeddings,
+// rerank and score, models, tokenize/detokenize, health, Prometheus metrics,
 // limits (queue, body size, context, timeout), API key, CORS, a web page, graceful drain.
 #pragma once
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine_loop.h"
@@ -15,6 +17,7 @@ namespace serval {
 namespace jinja {
 class Template;
 }
+class EncoderModel;
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
@@ -51,6 +54,10 @@ class HttpServer {
   void start();
   // Serves `loop`'s engine from now on.
   void attach(const Model& model, EngineLoop& loop);
+  // Serves an encoder model from now on: /v1/embeddings, and /v1/rerank and /score when it is a
+  // cross-encoder; the generation routes answer 400.
+  // `pooling` overrides the model's (--pooling).
+  void attach_encoder(const EncoderModel& model, std::optional<int> pooling = std::nullopt);
   // Blocks until stop() (called from a signal watcher or another thread).
   void wait();
   // Graceful: refuse new requests, let in-flight ones finish (up to the drain timeout), then close.

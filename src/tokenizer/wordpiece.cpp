@@ -36,10 +36,8 @@ bool is_punctuation(uint32_t c) {
   }
 }
 
-bool is_combining_mark(uint32_t c) {
-  const auto cat = utf8proc_category(utf8proc_int32_t(c));
-  return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME;
-}
+// Nonspacing marks (Mn) only: spacing marks such as Devanagari's vowel signs stay.
+bool is_nonspacing_mark(uint32_t c) { return utf8proc_category(utf8proc_int32_t(c)) == UTF8PROC_CATEGORY_MN; }
 
 // The CJK Unified Ideographs blocks BERT treats as words of their own.
 bool is_chinese_char(uint32_t c) {
@@ -86,7 +84,7 @@ std::vector<uint32_t> normalize(std::string_view text, const WordPieceOptions& o
   if (o.strip_accents) {
     std::vector<uint32_t> out;
     for (uint32_t c : cps) append_nfd(c, out);
-    std::erase_if(out, is_combining_mark);
+    std::erase_if(out, is_nonspacing_mark);
     cps = std::move(out);
   }
   if (o.lowercase) {

@@ -1,0 +1,50 @@
+// The pooling APIs of an encoder model: OpenAI's /v1/embeddings, the rerank endpoint llama-server and
+// vLLM share (/v1/rerank, /rerank: query + documents, Jina/Cohere's shape) and vLLM's /score
+// (text_1 / text_2). Parsing and validation (every refusal an ApiError naming the field) and the
+// replies; the encoding itself is EmbeddingService's. No I/O, so it can be fuzzed on its own.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/encoder.h"
+#include "server/api_request.h"
+
+namespace serval {
+
+// Bounds on what one request may ask for (OpenAI's: 2,048 inputs per embeddings request).
+inline constexpr size_t kMaxEmbeddingInputs = 2048;
+inline constexpr size_t kMaxRerankDocuments = 2048;
+
+struct EmbeddingJob {
+  std::vector<EncoderInput> inputs;
+  bool base64 = false;      // encoding_format "base64": little-endian float32 bytes, base64-encoded
+  int64_t dimensions = 0;   // 0: the model's; else the leading `dimensions` values, re-normalized
+  int64_t prompt_tokens = 0;
+};
+
+// A /v1/embeddings body: `input` a string, a list of strings, a list of token ids or a list of such
+// lists; `encoding_format`, `dimensions` (Matryoshka models only), `user`, and vLLM's
+// `truncate_prompt_tokens` (keep the last k tokens; -1: the model's limit). Texts get [CLS] ... [SEP];
+// token ids are used as given.
+EmbeddingJob parse_embeddings_request(const json& body, const EncoderModel& model, const ApiContext& ctx);
+// The response: one embedding per input (normalized after any truncation to `dimensions`).
+json embeddings_response(const EmbeddingJob& job, std::vector<std::vector<float>> vectors, const std::string& model_name);
+
+struct RerankJob {
+  std::vector<std::string> documents;
+  std::vector<EncoderInput> inputs;  // [CLS] query [SEP] document [SEP] per document
+  size_t top_n = 0;                  // results returned, best first
+  bool return_documents = false;
+  int64_t tokens = 0;
+};
+// {query, documents (strings or {"text": ...}), top_n, return_documents}.
+RerankJob parse_rerank_request(const json& body, const EncoderModel& model, const ApiContext& ctx);
+// Jina/Cohere's shape: results sorted by relevance_score (the sigmoid of the cross-encoder's logit).
+json rerank_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name);
+
+// vLLM's /score: text_1 and text_2 each a string or a list; one text_1 is scored against every text_2,
+// otherwise the lists pair up index by index.
+RerankJob parse_score_request(const json& body, const EncoderModel& model, const ApiContext& ctx);
+json score_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name);
+
+}  // namespace serval
