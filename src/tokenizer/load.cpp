@@ -92,7 +92,9 @@ Vocab wordpiece_from_json(const nlohmann::json& j, const std::string& path) {
   v.bos = id_of("[CLS]");
   v.eos = id_of("[SEP]");
   v.pad = id_of("[PAD]");
-  v.add_bos = v.add_eos = true;
+  // [CLS] text [SEP] when the file's post-processor adds them (BertProcessing or a template); none without one.
+  const auto& post = j.value("post_processor", nlohmann::json());
+  v.add_bos = v.add_eos = post.is_object() && post.dump().find("[CLS]") != std::string::npos;
   v.add_space_prefix = true;
   return v;
 }

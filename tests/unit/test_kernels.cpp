@@ -80,5 +80,19 @@ TEST(Elementwise, RmsNormSoftmaxActivations) {
   EXPECT_NEAR(gelu_tanh(1.0f), 0.841192f, 1e-5f);  // 0.5 (1 + tanh(sqrt(2/pi) (1 + 0.044715)))
 }
 
+TEST(Elementwise, LayerNormAndExactGelu) {
+  // mean -0.5, variance ((1.5^2 + 1.5^2 + 3.5^2 + 3.5^2) / 4) = 7.25
+  const std::vector<float> x = {1, -2, 3, -4}, w = {1, 2, 1, 0.5f}, b = {0, 1, -1, 0};
+  std::vector<float> out(4);
+  layer_norm(x.data(), w.data(), b.data(), out.data(), 4, 0.0f);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], (x[i] + 0.5f) / std::sqrt(7.25f) * w[i] + b[i], 1e-6f);
+  std::vector<float> same = x;  // in place
+  layer_norm(same.data(), w.data(), b.data(), same.data(), 4, 0.0f);
+  EXPECT_EQ(same, out);
+  EXPECT_NEAR(gelu_erf(1.0f), 0.8413447460685429f, 1e-7f);  // Phi(1)
+  EXPECT_NEAR(gelu_erf(-2.0f), -2.0f * 0.022750131948179195f, 1e-7f);
+  EXPECT_EQ(gelu_erf(0.0f), 0.0f);
+}
+
 }  // namespace
 }  // namespace serval

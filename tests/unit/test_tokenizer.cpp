@@ -175,5 +175,38 @@ TEST(Tokenizer, DecodeSkipsIdsOutsideTheVocabulary) {
   EXPECT_EQ(tok.decode(with_bad, /*render_special=*/true), "Hello");
 }
 
+// BERT's normalizer and pre-tokenizer, against the rules of Hugging Face's BertNormalizer /
+// BertPreTokenizer worked by hand (the whole pipeline is checked against tokenizers in test_embeddings.py).
+TEST(WordPiece, NormalizesAndSplitsAsBert) {
+  const WordPieceOptions uncased;
+  using V = std::vector<std::string>;
+  EXPECT_EQ(wordpiece_words("H\xC3\xA9llo, WORLD!", uncased), (V{"hello", ",", "world", "!"}));
+  EXPECT_EQ(wordpiece_words("\xE4\xB8\xAD\xE6\x96\x87" "ab", uncased), (V{"\xE4\xB8\xAD", "\xE6\x96\x87", "ab"}));  // CJK alone
+  EXPECT_EQ(wordpiece_words("a\x07" "b\tc\xC2\xA0" "d", uncased), (V{"ab", "c", "d"}));  // control dropped, NBSP a space
+  EXPECT_EQ(wordpiece_words("\xC4\xB0z", uncased), (V{"iz"}));  // U+0130 -> i + combining dot, stripped
+  WordPieceOptions cased;
+  cased.lowercase = cased.strip_accents = false;
+  EXPECT_EQ(wordpiece_words("H\xC3\xA9llo, WORLD!", cased), (V{"H\xC3\xA9llo", ",", "WORLD", "!"}));
+  EXPECT_EQ(wordpiece_words("   ", uncased), V{});
+}
+
+TEST(WordPiece, GreedyLongestMatchAndUnknownWords) {
+  Vocab v;
+  v.kind = TokenizerKind::WordPiece;
+  v.tokens = {"[UNK]", "[CLS]", "[SEP]", "\xE2\x96\x81un", "\xE2\x96\x81unaff", "able", "aff", "\xE2\x96\x81x"};
+  v.attrs = {TokenAttr::Control, TokenAttr::Control, TokenAttr::Control, TokenAttr::Normal, TokenAttr::Normal,
+             TokenAttr::Normal, TokenAttr::Normal, TokenAttr::Normal};
+  v.unk = 0, v.bos = 1, v.eos = 2, v.add_bos = v.add_eos = true;
+  const Tokenizer tok(v);
+  // "unaffable": longest first piece "unaff", then "able" (not "un" + "aff" + ...).
+  EXPECT_EQ(tok.encode("unaffable x", true), (std::vector<int32_t>{1, 4, 5, 7, 2}));
+  EXPECT_EQ(tok.encode("unaffablez", false), (std::vector<int32_t>{0}));  // a piece matches nothing: [UNK] whole
+  EXPECT_EQ(tok.encode(std::string(101, 'x'), false), (std::vector<int32_t>{0}));  // over 100 characters
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{1, 4, 5, 7, 2}), "unaffable x");
+  EXPECT_EQ(wordpiece_to_phantom("##ing"), "ing");
+  EXPECT_EQ(wordpiece_to_phantom("[MASK]"), "[MASK]");
+  EXPECT_EQ(wordpiece_to_phantom("the"), "\xE2\x96\x81the");
+}
+
 }  // namespace
 }  // namespace serval

@@ -20,6 +20,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
+from tokenizers.processors import BertProcessing
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
 HERE = pathlib.Path(__file__).parent
@@ -57,6 +58,8 @@ def record_minilm(model_dir: pathlib.Path) -> None:
 def train_vocab(lowercase: bool, size: int) -> BertWordPieceTokenizer:
     t = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
     t.train_from_iterator(CORPUS * 3, vocab_size=size, min_frequency=1)
+    # [CLS] text [SEP] (pairs: [CLS] a [SEP] b [SEP]) as real BERT tokenizers have it; training sets none.
+    t._tokenizer.post_processor = BertProcessing(("[SEP]", t.token_to_id("[SEP]")), ("[CLS]", t.token_to_id("[CLS]")))
     return t
 
 
