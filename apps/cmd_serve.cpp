@@ -40,9 +40,10 @@ void check_model_role(const ServeOptions& o, bool encoder, const std::string& pa
                              (!o.task.empty() && o.task != "generate" && o.task != "auto");
   const bool generate_asked = o.runner == "generate" || o.task == "generate";
   check(!(encoder && generate_asked), "{}: an encoder (embedding) model cannot generate text (--task/--runner generate)", path);
-  check(!(!encoder && pooling_asked),
-        "{}: embeddings, rerank and score are served by encoder models (BERT family, such as all-MiniLM-L6-v2); this "
-        "model generates text", path);
+  const bool scoring_asked = o.reranking || o.task == "score" || o.task == "classify" || o.task == "reward";
+  check(!(!encoder && scoring_asked),
+        "{}: rerank and score are served by cross-encoder models (BERT with a classification head); this model "
+        "generates text (it can serve last-token embeddings with --embeddings)", path);
 }
 
 // An encoder model: the pooling APIs only (no engine, no KV cache).
@@ -109,6 +110,8 @@ void run_serve(ServeOptions& o) {
   const char* scheme = o.server.ssl_certfile.empty() ? "http" : "https";
   const bool encoder_model = EncoderModel::is_encoder(path);
   check_model_role(o, encoder_model, path);
+  o.server.decoder_embeddings = !encoder_model && (o.embeddings || o.runner == "pooling" || o.task == "embed" ||
+                                                   o.task == "embedding");
   std::unique_ptr<EncoderModel> encoder;  // outlives the server, whose embedding worker reads it
   HttpServer server(o.server);
   server.start();  // /health answers 503 while the model loads
@@ -208,7 +211,9 @@ void add_serve(CLI::App& app) {
   add_kv_events_flags(cmd, *o);
   cmd->add_option("--pooling", o->pooling, "an encoder's /v1/embeddings pooling: mean, cls or last (default: the model's)")
       ->check(CLI::IsMember({"mean", "cls", "last"}));
-  cmd->add_flag("--embeddings,--embedding", o->embeddings, "llama-server's: serve embeddings (the model must be an encoder)");
+  cmd->add_flag("--embeddings,--embedding", o->embeddings,
+                "llama-server's: serve /v1/embeddings (an encoder always does; a decoder then also serves last-token "
+                "embeddings, as Qwen3-Embedding pools)");
   cmd->add_flag("--reranking,--rerank", o->reranking, "llama-server's: serve /v1/rerank (the model must be a cross-encoder)");
   cmd->add_option("--task", o->task, "vLLM's: generate, embed, score, classify, reward or auto (checked against the model)")
       ->check(CLI::IsMember({"auto", "generate", "embed", "embedding", "score", "classify", "reward"}));

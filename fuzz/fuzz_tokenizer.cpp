@@ -7,7 +7,9 @@
 //   then ../shared/models/stories260K.gguf (llama2.c SentencePiece),
 //   then ../shared/models/TinyStories-656K/tokenizer.json (Hugging Face character BPE),
 //   then the gpt-2 vocabulary with the llama-bpe (Llama 3, ignore_merges) and the qwen2 pre-tokenizers,
-//   which no shared vocabulary uses.
+//   which no shared vocabulary uses,
+//   then the WordPiece vocabularies of tests/data/embeddings (tiny_bert: uncased, tiny_cross_encoder:
+//   cased), which are lossy (lowercasing, [UNK]): only the id-range and no-crash properties apply.
 // Properties (a violation aborts, so the fuzzer reports the input):
 //   - every id from encode (with and without BOS/EOS and special-token parsing) is in range;
 //   - decode(encode(s)) == s without special-token parsing, and decode(encode(s, parse_special),
@@ -126,6 +128,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     qwen2.pre = serval::PreTokenizer::Qwen2;
     add("gpt-2 with qwen2 pre-tokenizer", std::move(qwen2));
   }
+  for (const char* name : {"tiny_bert", "tiny_cross_encoder"})
+    add(std::string(name) + "/tokenizer.json",
+        serval::vocab_from_tokenizer_json(std::string(SERVAL_SOURCE_DIR) + "/tests/data/embeddings/" + name + "/tokenizer.json"));
   if (vocabs.empty()) violation("no vocabulary loaded");
   return 0;
 }

@@ -104,6 +104,8 @@ void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationP
   check(params.max_tokens >= 1, "max_tokens must be at least 1 (got {})", params.max_tokens);
   check(params.draft_max >= -1, "the draft length must be -1 (the server's), 0 (off) or positive (got {})",
         params.draft_max);
+  check(!params.embed || (params.draft_max == 0 && !params.grammar && params.prompt_logprobs < 0),
+        "an embedding request takes no speculation, grammar or prompt log-probabilities");
   const int64_t total = int64_t(prompt.size()) + params.max_tokens;
   check(int64_t(prompt.size()) < max_model_len_, "the prompt has {} tokens; the model's context is {} tokens",
         prompt.size(), max_model_len_);
@@ -140,7 +142,7 @@ void Engine::fail_all(const std::string& message) {
   while (!requests_.empty()) finish(*requests_.begin()->second, FinishReason::Error, message);
 }
 
-void Engine::finish(Request& r, FinishReason reason, const std::string& error) {
+void Engine::finish(Request& r, FinishReason reason, const std::string& error, std::vector<float> embedding) {
   scheduler_->remove(&r);  // frees the KV blocks now
   if (proposer_) proposer_->forget(r);
   r.state = RequestState::Finished;
@@ -151,6 +153,7 @@ void Engine::finish(Request& r, FinishReason reason, const std::string& error) {
   ev.reason = reason;
   ev.error = error;
   ev.cached_tokens = std::max<int64_t>(0, r.cached_prompt_tokens);
+  ev.embedding = std::move(embedding);
   const RequestId id = r.id;
   auto cb = std::move(r.on_token);
   requests_.erase(id);
@@ -457,8 +460,10 @@ bool Engine::run_step() {
     for (Request* r : plan.preempted) proposer_->forget(*r);
   if (plan.empty()) return false;
   build_batch(plan);
+  bool embeds = false;  // an embedding request reaches its last prompt token: its hidden state is needed
+  for (size_t s = 0; s < plan.scheduled.size(); ++s) embeds |= plan.scheduled[s].request->params.embed && logit_row_[s] >= 0;
   try {
-    const bool hidden = proposer_ && proposer_->wants_hidden();
+    const bool hidden = embeds || (proposer_ && proposer_->wants_hidden());
     model_.forward(batch_, *cache_, logits_, hidden ? &hidden_ : nullptr);
   } catch (...) {
     return_block_tables(plan);
@@ -471,6 +476,12 @@ bool Engine::run_step() {
     Request& r = *plan.scheduled[s].request;
     r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
     emit_prompt_logprobs(r, prompt_rows_[s]);
+    if (r.params.embed && logit_row_[s] >= 0) {  // prefill done: the last prompt token's state is the result
+      const int64_t d = model_.config().n_embd;
+      const float* h = hidden_.data() + logit_row_[s] * d;
+      finish(r, FinishReason::Stop, "", std::vector<float>(h, h + d));
+      continue;
+    }
     const int64_t last_row = logit_row_[s] >= 0 ? accept_tokens(r, logit_row_[s]) : -2;
     if (last_row == -1) continue;  // finished
     // KV of rejected draft tokens is left in its slots, to be overwritten: not computed.

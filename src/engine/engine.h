@@ -160,7 +160,7 @@ class Engine {
   // The vocabulary as bytes for grammars (built once).
   const std::shared_ptr<const grammar::TokenVocab>& token_vocab();
   void record_verification(size_t n_draft, size_t n_accepted);
-  void finish(Request& r, FinishReason reason, const std::string& error = "");
+  void finish(Request& r, FinishReason reason, const std::string& error = "", std::vector<float> embedding = {});
   bool should_stop(const Request& r, int32_t token) const;
 };
 

@@ -38,6 +38,10 @@ struct GenerationParams {
   // events, before the first generated token. The prompt is then computed, not taken from the prefix
   // cache.
   int32_t prompt_logprobs = -1;
+  // An embedding request (decoder models as embedders, last-token pooling): prefill only, in the same
+  // continuous batch as generation; its final event carries the last prompt token's final hidden state
+  // (after the output norm, unnormalized) and nothing is generated. No speculation or grammar.
+  bool embed = false;
 };
 
 // One generated token, or the end of the stream (finished = true; token may be -1).
@@ -54,6 +58,8 @@ struct TokenEvent {
   int64_t cached_tokens = 0;
   // A prompt token's log-probability (GenerationParams::prompt_logprobs), not a generated token.
   bool prompt = false;
+  // The final event of an embedding request (GenerationParams::embed): [n_embd] floats.
+  std::vector<float> embedding;
 };
 
 using TokenCallback = std::function<void(const TokenEvent&)>;

@@ -29,10 +29,10 @@ int64_t int_field(const json& body, const char* key, int64_t lo, int64_t hi) {
 
 // A text's input: [CLS] text [SEP], refused when empty or longer than the model's positions unless
 // truncated (the last `keep` tokens are kept, as vLLM's truncate_prompt_tokens).
-EncoderInput text_input(const std::string& text, const EncoderModel& model, int64_t keep, const std::string& param) {
+EncoderInput text_input(const std::string& text, const PoolingTarget& model, int64_t keep, const std::string& param) {
   if (text.empty()) bad_request("an input must not be an empty string", param);
   EncoderInput in = model.tokenize(text);
-  const int64_t limit = model.config().n_pos;
+  const int64_t limit = model.max_tokens;
   if (keep > 0 && int64_t(in.tokens.size()) > keep) {
     in.tokens.erase(in.tokens.begin(), in.tokens.end() - keep);
     in.types.resize(in.tokens.size());
@@ -43,22 +43,22 @@ EncoderInput text_input(const std::string& text, const EncoderModel& model, int6
   return in;
 }
 
-EncoderInput ids_input(const json& ids, const EncoderModel& model, const std::string& param) {
+EncoderInput ids_input(const json& ids, const PoolingTarget& model, const std::string& param) {
   if (ids.empty()) bad_request("a list of token ids must not be empty", param);
-  if (int64_t(ids.size()) > model.config().n_pos)
+  if (int64_t(ids.size()) > model.max_tokens)
     bad_request(fmt::format("an input of {} tokens is longer than the model's maximum of {}", ids.size(),
-                            model.config().n_pos), param);
+                            model.max_tokens), param);
   EncoderInput in;
   for (const auto& id : ids) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= model.config().n_vocab)
-      bad_request(fmt::format("token ids must be integers in [0, {})", model.config().n_vocab), param);
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= model.n_vocab)
+      bad_request(fmt::format("token ids must be integers in [0, {})", model.n_vocab), param);
     in.tokens.push_back(id.get<int32_t>());
   }
   in.types.assign(in.tokens.size(), 0);
   return in;
 }
 
-std::vector<EncoderInput> parse_input(const json& input, const EncoderModel& model, int64_t keep) {
+std::vector<EncoderInput> parse_input(const json& input, const PoolingTarget& model, int64_t keep) {
   if (input.is_string()) return {text_input(input.get<std::string>(), model, keep, "input")};
   if (!input.is_array() || input.empty())
     bad_request("'input' must be a string, a list of strings, a list of token ids or a list of such lists", "input");
@@ -98,8 +98,8 @@ int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void require_cross_encoder(const EncoderModel& model, const ApiContext& ctx) {
-  if (model.config().n_classes <= 0)
+void require_cross_encoder(const PoolingTarget& model, const ApiContext& ctx) {
+  if (model.n_classes <= 0)
     bad_request(fmt::format("The model '{}' is an embedding model without a classification head; reranking and "
                             "scoring need a cross-encoder (a BertForSequenceClassification model)", ctx.model_name));
 }
@@ -120,11 +120,11 @@ std::vector<std::string> string_list(const json& v, const char* key, size_t max_
 }
 
 // [CLS] a [SEP] b [SEP], refused when longer than the model's positions.
-EncoderInput pair_input(const EncoderModel& model, const std::string& a, const std::string& b, const std::string& param) {
+EncoderInput pair_input(const PoolingTarget& model, const std::string& a, const std::string& b, const std::string& param) {
   EncoderInput in = model.tokenize_pair(a, b);
-  if (int64_t(in.tokens.size()) > model.config().n_pos)
+  if (int64_t(in.tokens.size()) > model.max_tokens)
     bad_request(fmt::format("a query and document of {} tokens are longer than the model's maximum of {}",
-                            in.tokens.size(), model.config().n_pos), param);
+                            in.tokens.size(), model.max_tokens), param);
   return in;
 }
 
@@ -132,7 +132,17 @@ EncoderInput pair_input(const EncoderModel& model, const std::string& a, const s
 
 using namespace embeddings;
 
-EmbeddingJob parse_embeddings_request(const json& body, const EncoderModel& model, const ApiContext& ctx) {
+PoolingTarget pooling_target(const EncoderModel& model) {
+  PoolingTarget t;
+  const auto& c = model.config();
+  t.max_tokens = c.n_pos, t.n_vocab = c.n_vocab, t.n_embd = c.n_embd, t.n_classes = c.n_classes;
+  t.matryoshka_dims = c.matryoshka_dims;
+  t.tokenize = [&model](const std::string& s) { return model.tokenize(s); };
+  t.tokenize_pair = [&model](const std::string& a, const std::string& b) { return model.tokenize_pair(a, b); };
+  return t;
+}
+
+EmbeddingJob parse_embeddings_request(const json& body, const PoolingTarget& model, const ApiContext& ctx) {
   refuse_unknown_fields(body, {"model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"});
   check_model_name(body, ctx);
   if (!body.contains("input")) bad_request("'input' is required", "input");
@@ -143,18 +153,18 @@ EmbeddingJob parse_embeddings_request(const json& body, const EncoderModel& mode
     job.base64 = f == "base64";
   }
   if (body.contains("dimensions") && !body["dimensions"].is_null()) {
-    const auto& dims = model.config().matryoshka_dims;
+    const auto& dims = model.matryoshka_dims;
     if (dims.empty())
       bad_request(fmt::format("The model '{}' is not Matryoshka-trained: 'dimensions' would give poor embeddings, "
                               "so it is not accepted", ctx.model_name), "dimensions");
-    job.dimensions = int_field(body, "dimensions", 1, model.config().n_embd);
+    job.dimensions = int_field(body, "dimensions", 1, model.n_embd);
     if (dims.size() > 1 && std::find(dims.begin(), dims.end(), job.dimensions) == dims.end())
       bad_request(fmt::format("'dimensions' must be one of the model's Matryoshka dimensions"), "dimensions");
   }
   int64_t keep = 0;
   if (body.contains("truncate_prompt_tokens") && !body["truncate_prompt_tokens"].is_null()) {
-    keep = int_field(body, "truncate_prompt_tokens", -1, model.config().n_pos);
-    if (keep == -1) keep = model.config().n_pos;
+    keep = int_field(body, "truncate_prompt_tokens", -1, model.max_tokens);
+    if (keep == -1) keep = model.max_tokens;
     if (keep == 0) bad_request("'truncate_prompt_tokens' must be -1 or positive", "truncate_prompt_tokens");
   }
   job.inputs = parse_input(body["input"], model, keep);
@@ -174,7 +184,7 @@ json embeddings_response(const EmbeddingJob& job, std::vector<std::vector<float>
               {"usage", {{"prompt_tokens", job.prompt_tokens}, {"total_tokens", job.prompt_tokens}}}};
 }
 
-RerankJob parse_rerank_request(const json& body, const EncoderModel& model, const ApiContext& ctx) {
+RerankJob parse_rerank_request(const json& body, const PoolingTarget& model, const ApiContext& ctx) {
   refuse_unknown_fields(body, {"model", "query", "documents", "top_n", "return_documents", "user"});
   check_model_name(body, ctx);
   require_cross_encoder(model, ctx);
@@ -214,7 +224,7 @@ json rerank_response(const RerankJob& job, const std::vector<float>& logits, con
               {"usage", {{"prompt_tokens", job.tokens}, {"total_tokens", job.tokens}}}, {"results", std::move(results)}};
 }
 
-RerankJob parse_score_request(const json& body, const EncoderModel& model, const ApiContext& ctx) {
+RerankJob parse_score_request(const json& body, const PoolingTarget& model, const ApiContext& ctx) {
   refuse_unknown_fields(body, {"model", "text_1", "text_2", "user", "encoding_format"});
   check_model_name(body, ctx);
   require_cross_encoder(model, ctx);

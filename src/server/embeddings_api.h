@@ -3,6 +3,7 @@
 // (text_1 / text_2). Parsing and validation (every refusal an ApiError naming the field) and the
 // replies; the encoding itself is EmbeddingService's. No I/O, so it can be fuzzed on its own.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,18 @@ namespace serval {
 inline constexpr size_t kMaxEmbeddingInputs = 2048;
 inline constexpr size_t kMaxRerankDocuments = 2048;
 
+// What the pooling APIs need of the served model: an encoder, or a decoder used as an embedder.
+struct PoolingTarget {
+  int64_t max_tokens = 0;  // the longest input
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  int64_t n_classes = 0;   // a classification head's outputs (cross-encoders), else 0
+  std::vector<int64_t> matryoshka_dims;
+  std::function<EncoderInput(const std::string&)> tokenize;
+  std::function<EncoderInput(const std::string&, const std::string&)> tokenize_pair;  // when n_classes > 0
+};
+PoolingTarget pooling_target(const EncoderModel& model);
+
 struct EmbeddingJob {
   std::vector<EncoderInput> inputs;
   bool base64 = false;      // encoding_format "base64": little-endian float32 bytes, base64-encoded
@@ -26,7 +39,7 @@ struct EmbeddingJob {
 // lists; `encoding_format`, `dimensions` (Matryoshka models only), `user`, and vLLM's
 // `truncate_prompt_tokens` (keep the last k tokens; -1: the model's limit). Texts get [CLS] ... [SEP];
 // token ids are used as given.
-EmbeddingJob parse_embeddings_request(const json& body, const EncoderModel& model, const ApiContext& ctx);
+EmbeddingJob parse_embeddings_request(const json& body, const PoolingTarget& model, const ApiContext& ctx);
 // The response: one embedding per input (normalized after any truncation to `dimensions`).
 json embeddings_response(const EmbeddingJob& job, std::vector<std::vector<float>> vectors, const std::string& model_name);
 
@@ -38,13 +51,13 @@ struct RerankJob {
   int64_t tokens = 0;
 };
 // {query, documents (strings or {"text": ...}), top_n, return_documents}.
-RerankJob parse_rerank_request(const json& body, const EncoderModel& model, const ApiContext& ctx);
+RerankJob parse_rerank_request(const json& body, const PoolingTarget& model, const ApiContext& ctx);
 // Jina/Cohere's shape: results sorted by relevance_score (the sigmoid of the cross-encoder's logit).
 json rerank_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name);
 
 // vLLM's /score: text_1 and text_2 each a string or a list; one text_1 is scored against every text_2,
 // otherwise the lists pair up index by index.
-RerankJob parse_score_request(const json& body, const EncoderModel& model, const ApiContext& ctx);
+RerankJob parse_score_request(const json& body, const PoolingTarget& model, const ApiContext& ctx);
 json score_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name);
 
 }  // namespace serval

@@ -71,6 +71,7 @@ struct HttpServer::Impl {
   EngineLoop* loop = nullptr;                 // null when serving an encoder
   std::unique_ptr<EmbeddingService> embedder;  // an encoder's, else null
   Pooling pooling = Pooling::Mean;             // of /v1/embeddings
+  PoolingTarget target;                        // what the pooling APIs check requests against
   std::atomic<bool> ready{false};
   std::unique_ptr<jinja::Template> chat_template;
   ApiContext api;
@@ -118,6 +119,7 @@ struct HttpServer::Impl {
   void post_embeddings(http::Request& req, Exchange ex);
   void post_rerank(http::Request& req, Exchange ex);
   void post_score(http::Request& req, Exchange ex);
+  std::vector<std::vector<float>> embed_with_engine(std::vector<EncoderInput> inputs);
   void generate(http::Request& req, Exchange ex, bool chat);
   void start_run(const http::Request& req, Exchange ex, GenJob job);
   json engine_state();
@@ -214,9 +216,12 @@ std::optional<http::Response> HttpServer::Impl::route_fits_model(const http::Req
                                                     "not text generation", model_name,
                                                     embedder->model().config().n_classes > 0 ? ", /v1/rerank and /score" : ""),
                                    "invalid_request_error"});
-  if (!embedder && is_pooling_path(req.path))
-    return error_for(req, ApiError{400, fmt::format("The model '{}' generates text; embeddings, rerank and score need "
-                                                    "an encoder model (serve all-MiniLM-L6-v2 or a cross-encoder)", model_name),
+  const bool decoder_embeds = cfg.decoder_embeddings && (req.path == "/v1/embeddings" || req.path == "/embeddings");
+  if (!embedder && is_pooling_path(req.path) && !decoder_embeds)
+    return error_for(req, ApiError{400, fmt::format("The model '{}' generates text; {} need an encoder model (serve "
+                                                    "all-MiniLM-L6-v2 or a cross-encoder){}", model_name,
+                                                    cfg.decoder_embeddings ? "rerank and score" : "embeddings, rerank and score",
+                                                    cfg.decoder_embeddings ? "" : ", or this one with --embeddings for last-token embeddings"),
                                    "invalid_request_error"});
   return std::nullopt;
 }
@@ -329,21 +334,59 @@ void HttpServer::Impl::post_responses(http::Request& req, Exchange ex) {
 }
 
 void HttpServer::Impl::post_embeddings(http::Request& req, Exchange ex) {
-  EmbeddingJob job = parse_embeddings_request(parse_json_body(req.body), embedder->model(), api);
-  auto vectors = embedder->embed(std::move(job.inputs), pooling);
+  EmbeddingJob job = parse_embeddings_request(parse_json_body(req.body), target, api);
+  auto vectors = embedder ? embedder->embed(std::move(job.inputs), pooling) : embed_with_engine(std::move(job.inputs));
   reply(ex, json_response(200, embeddings_response(job, std::move(vectors), model_name)));
 }
 
 void HttpServer::Impl::post_rerank(http::Request& req, Exchange ex) {
-  RerankJob job = parse_rerank_request(parse_json_body(req.body), embedder->model(), api);
+  RerankJob job = parse_rerank_request(parse_json_body(req.body), target, api);
   const std::vector<float> logits = embedder->classify(std::move(job.inputs));
   reply(ex, json_response(200, rerank_response(job, logits, model_name)));
 }
 
 void HttpServer::Impl::post_score(http::Request& req, Exchange ex) {
-  RerankJob job = parse_score_request(parse_json_body(req.body), embedder->model(), api);
+  RerankJob job = parse_score_request(parse_json_body(req.body), target, api);
   const std::vector<float> logits = embedder->classify(std::move(job.inputs));
   reply(ex, json_response(200, score_response(job, logits, model_name)));
+}
+
+// A decoder as an embedder: each input a prefill-only request in the engine's continuous batch (beside
+// the generating ones); its final event carries the last prompt token's hidden state.
+std::vector<std::vector<float>> HttpServer::Impl::embed_with_engine(std::vector<EncoderInput> inputs) {
+  const int64_t waiting = loop->waiting();
+  if (waiting >= cfg.max_waiting)
+    throw ApiError{429, fmt::format("The server is busy ({} requests waiting); retry later", waiting), "rate_limit_exceeded"};
+  auto stream = std::make_shared<TokenStream>();
+  std::map<RequestId, size_t> index;
+  GenerationParams params;
+  params.embed = true;
+  params.max_tokens = 1;
+  params.draft_max = 0;
+  try {
+    for (size_t i = 0; i < inputs.size(); ++i) index[loop->submit_into(std::move(inputs[i].tokens), params, stream)] = i;
+  } catch (...) {  // the engine refused one: the others go too
+    for (const auto& [id, i] : index) loop->abort(id);
+    throw;
+  }
+  std::vector<std::vector<float>> out(index.size());
+  const auto deadline = SteadyClock::now() + std::chrono::milliseconds(int64_t(cfg.request_timeout_s * 1000));
+  for (size_t done = 0; done < index.size();) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    std::optional<TokenEvent> ev = left.count() > 0 ? stream->next(left) : std::nullopt;
+    if (!ev) {
+      for (const auto& [id, i] : index) loop->abort(id);
+      throw ApiError{504, "The embedding request timed out", "timeout"};
+    }
+    if (!ev->finished) continue;
+    if (ev->embedding.empty()) {
+      for (const auto& [id, i] : index) loop->abort(id);
+      throw ApiError{500, ev->error.empty() ? "An embedding request was aborted" : ev->error, "internal_server_error"};
+    }
+    out[index.at(ev->id)] = std::move(ev->embedding);
+    ++done;
+  }
+  return out;
 }
 
 void HttpServer::Impl::get_response(const http::Request& req, Exchange ex) {
@@ -486,6 +529,14 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
     }
   }
   api.chat_template = impl_->chat_template.get();
+  PoolingTarget& t = impl_->target;  // a decoder as an embedder (--embeddings): last-token pooling
+  t.max_tokens = api.max_model_len - 1, t.n_vocab = model.config().n_vocab, t.n_embd = model.config().n_embd;
+  t.tokenize = [&tok = model.tokenizer()](const std::string& s) {
+    EncoderInput in;
+    in.tokens = tok.encode(s, /*add_special=*/true, /*parse_special=*/true);
+    in.types.assign(in.tokens.size(), 0);
+    return in;
+  };
   impl_->model.store(&model);
   impl_->ready = true;  // publishes everything above
 }
@@ -497,6 +548,7 @@ void HttpServer::attach_encoder(const EncoderModel& model, std::optional<int> po
   api.model_name = impl_->model_name;
   api.max_model_len = model.config().n_pos;
   impl_->embedder = std::make_unique<EmbeddingService>(model);
+  impl_->target = pooling_target(model);
   impl_->ready = true;  // publishes everything above
 }
 

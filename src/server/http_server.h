@@ -43,6 +43,7 @@ struct ServerConfig {
   std::string metrics_names = "serval";
   ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: split the thinking in chat replies
   size_t responses_store = 256;  // Responses API: responses kept for previous_response_id (oldest dropped)
+  bool decoder_embeddings = false;  // a generating model also serves /v1/embeddings (last-token pooling)
 };
 
 class HttpServer {

@@ -102,10 +102,13 @@ def tokenizer_seeds():
         for j, s in enumerate(pieces):
             write("tokenizer", f"{i}-{name.removeprefix('ggml-vocab-').removesuffix('.gguf')}-{j:02d}",
                   bytes([i]) + s.encode())
-    # stories260K, TinyStories tokenizer.json, gpt-2 with the llama-bpe and qwen2 pre-tokenizers.
-    extra = ["stories260K", "tinystories-json", "gpt2-llama3-pre", "gpt2-qwen2-pre"]
+    # stories260K, TinyStories tokenizer.json, gpt-2 with the llama-bpe and qwen2 pre-tokenizers, the two
+    # WordPiece vocabularies of tests/data/embeddings.
+    extra = ["stories260K", "tinystories-json", "gpt2-llama3-pre", "gpt2-qwen2-pre", "wordpiece-uncased",
+             "wordpiece-cased"]
     special = ["<s>Once upon a time</s>", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-               "<|endoftext|>Hello<|endoftext|>", "<unk> <0x41> \u2581x", "<|end|><|user|>a"]
+               "<|endoftext|>Hello<|endoftext|>", "<unk> <0x41> \u2581x", "<|end|><|user|>a",
+               "[CLS] Caf\u00e9 \u6771\u4eac [SEP] \u0130stanbul \t\u00a0x##y", "unaffable" * 20]
     picks = [s for s in strings if s][:12] + special
     for k, name in enumerate(extra):
         for j, s in enumerate(picks):
@@ -225,6 +228,12 @@ def http_request_seeds():
             {"type": "function_call_output", "call_id": "c1", "output": "42"}],
             "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
             "reasoning": {"effort": "low", "summary": "auto"}}, 0x78),
+        # The pooling APIs of an encoder (bits 5-6 = 2 with bit 4; bits 1-2: embeddings, rerank, score)
+        "embeddings": (False, {"model": "tiny-reranker", "input": ["Hello world", "Café"], "encoding_format": "base64"}, 0x50),
+        "embeddings-ids": (False, {"input": [[2, 40, 41, 3], [5]], "truncate_prompt_tokens": 3}, 0x50),
+        "rerank": (False, {"query": "capital of France", "documents": ["Paris", {"text": "Berlin"}], "top_n": 1,
+                           "return_documents": True}, 0x52),
+        "score": (False, {"text_1": "capital of France", "text_2": ["Paris", "Rome"]}, 0x54),
     }
     for name, (chat, obj, *control) in seeds.items():
         write("http_request", name, body(chat, obj, *control))

