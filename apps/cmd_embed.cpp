@@ -37,7 +37,7 @@ std::vector<std::string> gather_texts(const std::vector<std::string>& prompts, c
 
 void add_embed(CLI::App& app) {
   auto* cmd = app.add_subcommand("embed", "Print the embeddings of texts as JSON (an encoder model such as all-MiniLM-L6-v2)");
-  struct Opts { std::string model, file, pooling; std::vector<std::string> prompts; bool no_normalize = false; int batch = 32; };
+  struct Opts { std::string model, file, pooling; std::vector<std::string> prompts; bool no_normalize = false; int batch = 32, threads = 0; };
   auto o = std::make_shared<Opts>();
   cmd->add_option("-m,--model,model", o->model, "model: GGUF file, sentence-transformers directory or cached name")->required();
   cmd->add_option("-p,--prompt", o->prompts, "a text to embed (repeatable)");
@@ -45,7 +45,9 @@ void add_embed(CLI::App& app) {
   cmd->add_option("--pooling", o->pooling, "mean, cls or last (default: the model's)");
   cmd->add_flag("--no-normalize", o->no_normalize, "leave the vectors unnormalized (default: L2-normalized)");
   cmd->add_option("-b,--batch-size", o->batch, "texts encoded together")->check(CLI::Range(1, 4096));
+  cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)");
   cmd->callback([o] {
+    set_threads(o->threads);
     const auto model = load_encoder(o->model);
     const Pooling pooling = o->pooling.empty() ? model->config().pooling : pooling_from_name(o->pooling);
     const std::vector<std::string> texts = gather_texts(o->prompts, o->file);
@@ -63,13 +65,15 @@ void add_embed(CLI::App& app) {
 
 void add_rerank(CLI::App& app) {
   auto* cmd = app.add_subcommand("rerank", "Score documents against a query with a cross-encoder, as JSON (best first)");
-  struct Opts { std::string model, query, file; std::vector<std::string> docs; };
+  struct Opts { std::string model, query, file; std::vector<std::string> docs; int threads = 0; };
   auto o = std::make_shared<Opts>();
   cmd->add_option("-m,--model,model", o->model, "a cross-encoder model (BERT with a classification head)")->required();
   cmd->add_option("-q,--query", o->query, "the query")->required();
   cmd->add_option("-d,--document", o->docs, "a document (repeatable)");
   cmd->add_option("-f,--file", o->file, "a file of documents, one per line");
+  cmd->add_option("-t,--threads", o->threads, "compute threads (default: all cores)");
   cmd->callback([o] {
+    set_threads(o->threads);
     const auto model = load_encoder(o->model);
     const std::vector<std::string> docs = gather_texts(o->docs, o->file);
     std::vector<EncoderInput> inputs;

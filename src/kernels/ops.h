@@ -110,6 +110,15 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
 // Every query of a batch, each as ref::attention over its KvSpan, on the compute pool. A query's
 // result does not depend on the other queries of the call (batch invariance).
 void attention_batch(const AttentionShape& s, std::span<const AttentionQuery> queries, KvLayerView kv);
+// Attention without a cache or a mask (encoders): each query row of a span attends every key row of
+// that span. q and out are [rows][n_head * d_head], k and v [rows][n_head_kv * d_head]; spans are
+// [begin, begin + n) row ranges. Same function as ref::attention over an F32 view of the span's rows,
+// to float rounding; a span's result does not depend on the other spans (batch invariance).
+struct RowSpan {
+  int64_t begin = 0, n = 0;
+};
+void attention_dense(const AttentionShape& s, const float* q, const float* k, const float* v, std::span<const RowSpan> spans,
+                     float* out);
 // Fixed-order dot product of two float vectors.
 float dot(const float* a, const float* b, int64_t n);
 // Gated activations of the feed-forward block: out[i] = act(gate[i]) * up[i] for i < n, act = SiLU
@@ -119,13 +128,18 @@ float dot(const float* a, const float* b, int64_t n);
 // `gate` or `up`. A lane's result does not depend on n or its position.
 enum class GluKind { Silu, GeluTanh };
 void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
+// x[i] = GELU in its erf form (BERT's "gelu"), in place. The scalar level is gelu_erf (std::erf); the
+// SIMD levels use Abramowitz & Stegun's erf (7.1.26, as PyTorch's vectorized erf), within
+// 0.5 |x| 1.5e-7 plus float rounding of it (kernels/cpu/glu_avx2.cpp). A lane's result does not depend
+// on n or its position.
+void gelu_erf_inplace(float* x, int64_t n);
 }  // namespace cpu
 
 // Small elementwise ops, one implementation (they are their own reference).
 void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
 // LayerNorm: (x - mean) / sqrt(var + eps) * w + b (biased variance; sums in double). `out` may be `x`.
 void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n, float eps);
-// GELU in its exact form, 0.5 x (1 + erf(x / sqrt 2)) (BERT's "gelu").
+// GELU in its exact form, 0.5 x (1 + erf(x / sqrt 2)) (BERT's "gelu"), as 0.5 x erfc(-x / sqrt 2) in double.
 float gelu_erf(float x);
 void softmax_inplace(float* x, int64_t n);
 float silu(float x);

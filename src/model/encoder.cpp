@@ -342,26 +342,16 @@ void EncoderModel::attention_block(const EncoderLayer& l, const std::vector<Enco
   add_bias_rows(q.data(), l.bq, n_tok);
   add_bias_rows(k.data(), l.bk, n_tok);
   add_bias_rows(v.data(), l.bv, n_tok);
-  // Every token of an input attends every token of that input: a span over the input's own rows.
-  std::vector<int32_t> slots(static_cast<size_t>(n_tok));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::vector<AttentionQuery> queries;
+  // Every token of an input attends every token of that input.
+  std::vector<cpu::RowSpan> spans;
   int64_t start = 0;
   for (const auto& in : inputs) {
-    const int64_t len = int64_t(in.tokens.size());
-    const KvSpan span{std::span<const int32_t>(slots.data() + start, size_t(len)), 1, 0, len - 1};
-    for (int64_t t = start; t < start + len; ++t) queries.push_back({q.data() + t * E, span, att.data() + t * E});
-    start += len;
+    spans.push_back({start, int64_t(in.tokens.size())});
+    start += int64_t(in.tokens.size());
   }
-  KvLayerView view;
-  view.type = DType::F32;
-  view.k = reinterpret_cast<const uint8_t*>(k.data());
-  view.v = reinterpret_cast<const uint8_t*>(v.data());
-  view.kv_dim = E;
-  view.d_head = config_.d_head();
   const AttentionShape shape{int(config_.n_head), int(config_.n_head), int(config_.d_head()),
                              float(1.0 / std::sqrt(double(config_.d_head())))};
-  cpu::attention_batch(shape, queries, view);
+  cpu::attention_dense(shape, q.data(), k.data(), v.data(), spans, att.data());
   cpu::matmul(l.wo, att.data(), o.data(), n_tok);
   add_bias_rows(o.data(), l.bo, n_tok);
   residual_norm(x, o, l.attn_norm_w, l.attn_norm_b, E, config_.eps);
@@ -373,7 +363,8 @@ void EncoderModel::ffn_block(const EncoderLayer& l, int64_t n_tok, std::vector<f
   cpu::matmul(l.ffn_up, x.data(), up.data(), n_tok);
   parallel_for(n_tok, [&](int64_t t) {
     float* r = up.data() + t * F;
-    for (int64_t i = 0; i < F; ++i) r[i] = gelu_erf(r[i] + l.b_up[size_t(i)]);
+    for (int64_t i = 0; i < F; ++i) r[i] += l.b_up[size_t(i)];
+    cpu::gelu_erf_inplace(r, F);
   });
   cpu::matmul(l.ffn_down, up.data(), down.data(), n_tok);
   add_bias_rows(down.data(), l.b_down, n_tok);

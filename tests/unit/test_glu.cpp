@@ -170,6 +170,30 @@ TEST_P(GluLevel, TailsAndInPlace) {
   }
 }
 
+// GELU's erf form (BERT): at the scalar level std::erf (a float rounding of the exact value); the SIMD
+// levels use Abramowitz & Stegun 7.1.26, |erf error| <= 1.5e-7, so |got - exact| <= 0.5 |x| 1.5e-7
+// plus a few float roundings of the result (8u |exact| + 2^-140 here).
+TEST_P(GluLevel, GeluErfWithinBound) {
+  std::vector<float> x;
+  for (double v = -12; v <= 12; v += 0.00731) x.push_back(float(v));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 1e6f, -1e6f}) x.push_back(v);
+  std::vector<float> got = x;
+  cpu::gelu_erf_inplace(got.data(), int64_t(got.size()));
+  const bool scalar = GetParam() == Isa::Scalar;
+  int failures = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double exact = 0.5 * double(x[i]) * std::erfc(-double(x[i]) / std::sqrt(2.0));
+    const double bound = (scalar ? 0.0 : 0.5 * std::abs(double(x[i])) * 1.5e-7) + 8 * kU * std::abs(exact) + 0x1p-140;
+    if (!(std::abs(double(got[i]) - exact) <= bound) && ++failures <= 10)
+      ADD_FAILURE() << "x " << x[i] << ": got " << got[i] << ", exact " << exact;
+  }
+  EXPECT_EQ(failures, 0);
+  // A lane's result does not depend on the length or its position (tails are masked).
+  std::vector<float> tail(x.begin() + 3, x.begin() + 14);
+  cpu::gelu_erf_inplace(tail.data(), int64_t(tail.size()));
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], got[i + 3]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Levels, GluLevel, ::testing::Values(Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx),
                          [](const ::testing::TestParamInfo<Isa>& info) { return cpu::isa_name(info.param); });
 

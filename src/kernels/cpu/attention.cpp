@@ -343,5 +343,37 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
   attention_batch(s, std::span<const AttentionQuery>(&query, 1), kv);
 }
 
+// One task per (span, head): scores of every query against every key, a softmax per row (max
+// subtracted, sums in double), then the weighted sum of V, all in a fixed order.
+void attention_dense(const AttentionShape& s, const float* q, const float* k, const float* v, std::span<const RowSpan> spans,
+                     float* out) {
+  check(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.d_head > 0, "attention: bad head shape");
+  const int64_t q_stride = int64_t(s.n_head) * s.d_head, kv_stride = int64_t(s.n_head_kv) * s.d_head;
+  const int group = s.n_head / s.n_head_kv;
+  parallel_for(int64_t(spans.size()) * s.n_head, [&](int64_t task) {
+    const RowSpan span = spans[size_t(task / s.n_head)];
+    const int h = int(task % s.n_head), g = h / group;
+    std::vector<float> p(size_t(span.n));
+    for (int64_t i = 0; i < span.n; ++i) {
+      const float* qi = q + (span.begin + i) * q_stride + int64_t(h) * s.d_head;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < span.n; ++j) {
+        p[size_t(j)] = dot(qi, k + (span.begin + j) * kv_stride + int64_t(g) * s.d_head, s.d_head) * s.scale;
+        mx = std::max(mx, p[size_t(j)]);
+      }
+      double sum = 0;
+      for (float& x : p) sum += (x = std::exp(x - mx));
+      const float inv = float(1.0 / sum);
+      float* o = out + (span.begin + i) * q_stride + int64_t(h) * s.d_head;
+      std::fill(o, o + s.d_head, 0.0f);
+      for (int64_t j = 0; j < span.n; ++j) {
+        const float w = p[size_t(j)] * inv;
+        const float* vj = v + (span.begin + j) * kv_stride + int64_t(g) * s.d_head;
+        for (int d = 0; d < s.d_head; ++d) o[d] += w * vj[d];
+      }
+    }
+  });
+}
+
 }  // namespace cpu
 }  // namespace serval

@@ -239,7 +239,7 @@ void layer_norm(const float* x, const float* w, const float* b, float* out, int6
   for (int64_t i = 0; i < n; ++i) out[i] = float((x[i] - mean) * inv) * w[i] + b[i];
 }
 
-float gelu_erf(float x) { return float(0.5 * x * (1.0 + std::erf(double(x) * 0.7071067811865476))); }
+float gelu_erf(float x) { return float(0.5 * x * std::erfc(-double(x) * 0.7071067811865476)); }
 
 void softmax_inplace(float* x, int64_t n) {
   float mx = -INFINITY;

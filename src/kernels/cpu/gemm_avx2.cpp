@@ -7,6 +7,7 @@
 // take 2 operations per vector instead of 5. Compiled with this level's flags only.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -283,6 +284,78 @@ void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, i
       if (w.plane_by_value) return run<kNib, kPlane, kSub, kMins, kSigned, true>(w, x, g0, g1, t0, t1, y);
     run<kNib, kPlane, kSub, kMins, kSigned, false>(w, x, g0, g1, t0, t1, y);
   });
+}
+
+namespace avx2_act {
+
+float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+__m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+// 32 floats times `scale`, rounded half to even (MXCSR's default mode) and saturated to int8, in order.
+void store32(const float* x, __m256 scale, int8_t* out, __m256i top) {
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_min_epi32(top, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), scale)));
+  // packs work within 128-bit lanes: the permute puts the 32 bytes back in element order.
+  const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+void q8_0_row(const float* x, int64_t cols, int8_t* qs, float* d) {
+  const __m256i top = _mm256_set1_epi32(127);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* v = x + 32 * b;
+    __m256 m = _mm256_max_ps(_mm256_max_ps(abs8(_mm256_loadu_ps(v)), abs8(_mm256_loadu_ps(v + 8))),
+                             _mm256_max_ps(abs8(_mm256_loadu_ps(v + 16)), abs8(_mm256_loadu_ps(v + 24))));
+    const float amax = hmax(m);
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    d[b] = _cvtsh_ss(_cvtss_sh(amax / 127.f, _MM_FROUND_TO_NEAREST_INT));
+    store32(v, _mm256_set1_ps(id), qs + 32 * b, top);
+  }
+}
+
+// Q8_K: per 256 values, the first value of largest magnitude maps to -127; d = 1 / iscale.
+void q8_k_row(const float* x, int64_t cols, int8_t* qs, float* d) {
+  const __m256i top = _mm256_set1_epi32(127);
+  for (int64_t s = 0; s < cols / 256; ++s, x += 256, qs += 256) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 32; ++j) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + 8 * j)));
+    const float amax = hmax(m);
+    if (amax == 0.0f) {
+      std::memset(qs, 0, 256);
+      for (int b = 0; b < 8; ++b) d[8 * s + b] = 0.0f;
+      continue;
+    }
+    float max = 0;
+    for (int j = 0; j < 256; ++j)
+      if (std::abs(x[j]) == amax) {
+        max = x[j];
+        break;
+      }
+    const float iscale = -127.f / max;
+    for (int j = 0; j < 8; ++j) store32(x + 32 * j, _mm256_set1_ps(iscale), qs + 32 * j, top);
+    for (int b = 0; b < 8; ++b) d[8 * s + b] = 1 / iscale;
+  }
+}
+
+}  // namespace avx2_act
+
+void quantize_act_row_avx2(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+  if (k_quant) avx2_act::q8_k_row(x, cols, qs, d);
+  else avx2_act::q8_0_row(x, cols, qs, d);
+  for (int64_t h = 0; h < cols / 16; ++h) {
+    const __m256i v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * h)));
+    const __m256i v = _mm256_madd_epi16(v0, _mm256_set1_epi16(1));  // 8 int32 pair sums
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    sums[h] = _mm_cvtsi128_si32(r);
+  }
 }
 
 }  // namespace serval::cpu

@@ -14,5 +14,7 @@ constexpr double kGeluB = kGeluA * 0.044715;
 void glu_scalar(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
 void glu_avx2(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
 void glu_avx512(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
+void gelu_erf_scalar(float* x, int64_t n);
+void gelu_erf_avx2(float* x, int64_t n);  // also the AVX-512 and AMX levels' (AVX2 instructions)
 
 }  // namespace serval::cpu

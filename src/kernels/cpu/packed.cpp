@@ -205,10 +205,12 @@ void quantize_packed_acts(DType weight_type, const float* x, int64_t cols, int64
   out.pairs.resize(n_tok * out.n_blocks);
   const size_t row_bytes = act_row_bytes(at, cols);
 #if defined(SERVAL_X86_KERNELS)
-  if (active_isa() >= Isa::Avx512) {
+  if (active_isa() >= Isa::Avx2) {
+    const bool avx512 = active_isa() >= Isa::Avx512;
     parallel_for(n_tok, [&](int64_t t) {
-      quantize_act_row_avx512(at == ActType::Q8_K, x + t * cols, cols, out.qs.data() + t * cols,
-                              out.d.data() + t * out.n_blocks, out.sums.data() + t * out.n_blocks * 2);
+      auto* row = avx512 ? &quantize_act_row_avx512 : &quantize_act_row_avx2;
+      row(at == ActType::Q8_K, x + t * cols, cols, out.qs.data() + t * cols, out.d.data() + t * out.n_blocks,
+          out.sums.data() + t * out.n_blocks * 2);
     });
     return pair_sums(out);
   }

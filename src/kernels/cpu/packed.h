@@ -120,6 +120,8 @@ void quantize_packed_acts(DType weight_type, const float* x, int64_t cols, int64
 // One row at the AVX-512 level: Q8_0 (`k_quant` false) or Q8_K scales; qs [cols], d [cols / 32],
 // sums [cols / 16].
 void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums);
+// The same at the AVX2 level.
+void quantize_act_row_avx2(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums);
 
 // Calls f.template operator()<kNib, kPlane, kSub, kMins>() with the compile-time layout of a packed
 // type (the table in packed.cpp; kSub: 0 no sub-scales, 1 one per block, 2 one per half), so each SIMD
