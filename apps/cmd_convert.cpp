@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "apps/commands.h"
 #include "quant/convert.h"
@@ -12,7 +13,7 @@ namespace serval::cli {
 namespace {
 
 struct ConvertCliOptions {
-  std::string dir, out, outtype = "f16";
+  std::string dir, out, outtype = "f16", base;
 };
 
 void show_progress(size_t i, size_t n, const std::string& name, DType type) {
@@ -22,6 +23,10 @@ void show_progress(size_t i, size_t n, const std::string& name, DType type) {
 }
 
 void run_convert(const ConvertCliOptions& o) {
+  if (std::filesystem::exists(std::filesystem::path(o.dir) / "adapter_config.json")) {  // a PEFT LoRA adapter
+    convert_lora_to_gguf(o.dir, o.base, o.out, parse_convert_type(o.outtype));
+    return void(fmt::print(stderr, "serval convert: LoRA adapter {} -> {} ({})\n", o.dir, o.out, o.outtype));
+  }
   ConvertOptions c;
   c.outtype = parse_convert_type(o.outtype);
   c.progress = show_progress;
@@ -32,12 +37,13 @@ void run_convert(const ConvertCliOptions& o) {
 }  // namespace
 
 void add_convert(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Qwen2, Gemma 3) to GGUF");
+  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Qwen2, Gemma 3, BERT) or a PEFT LoRA adapter to GGUF");
   auto o = std::make_shared<ConvertCliOptions>();
   cmd->add_option("hf_dir", o->dir, "directory with config.json, safetensors (or an index and shards), tokenizer.json")
       ->required();
   cmd->add_option("output", o->out, "GGUF file to write")->required();
   cmd->add_option("--outtype", o->outtype, "type of the 2-D weights: f16 (default), bf16, f32, q8_0");
+  cmd->add_option("--base", o->base, "a PEFT LoRA adapter's base model directory (default: its base_model_name_or_path)");
   cmd->callback([o] { run_convert(*o); });
 }
 

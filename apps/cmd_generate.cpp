@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "apps/lora_flags.h"
 #include "apps/engine_flags.h"
 #include "apps/parallel_flags.h"
 #include "base/error.h"
@@ -25,6 +26,7 @@ struct GenerateOptions {
   std::vector<std::string> logit_bias;
   SpecFlags spec;
   ParallelFlags parallel;
+  LoraFlags lora;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -96,6 +98,8 @@ void run_generate(GenerateOptions& o) {
   const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model->config().n_ctx_train, prompt.size() + o.n_predict);
   check(int64_t(prompt.size()) < n_ctx, "prompt of {} tokens does not fit the context of {}", prompt.size(), n_ctx);
   o.spec.load_heads(*model);
+  const size_t n_adapters = o.lora.load(*model);
+  check(n_adapters <= 1, "generate applies one LoRA adapter at a time ({} given)", n_adapters);
   Engine engine(*model, generate_config(o, n_ctx, prompt.size()));
   const double load_s = seconds_since(t_load);
   if (!o.json) fmt::print("{}", o.prompt), std::fflush(stdout);
@@ -106,6 +110,7 @@ void run_generate(GenerateOptions& o) {
   params.sampling.compute_logprob = o.json;  // only --json prints it: a log-sum-exp over the vocabulary per token
   params.max_tokens = o.n_predict;
   params.ignore_eos = o.ignore_eos;
+  if (n_adapters == 1) params.adapter = 0, params.adapter_scale = model->adapters()[0]->scale;
   Utf8StreamDecoder utf8;
   double ttft = 0;
   int n_gen = 0;
@@ -157,6 +162,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
   o->spec.add_to(cmd);
   o->parallel.add_to(cmd);
+  o->lora.add_to(cmd);
   cmd->add_flag("--json", o->json, "print one JSON object per generated token (id, text, logprob, top)");
   cmd->callback([o] { run_generate(*o); });
 }

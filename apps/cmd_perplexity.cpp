@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/lora_flags.h"
 #include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
@@ -91,16 +92,19 @@ namespace serval::cli {
 namespace {
 
 struct ScoreOptions {
-  std::string model, prompt, ids, cache_type = "f16";
+  std::string model, prompt, ids, cache_type = "f16", tokenizer;
   bool no_bos = false;
   int threads = 0;
+  LoraFlags lora;
 };
 
 // Teacher-forced scoring: after the prompt, each given token is appended in one batch; for every
 // position print the model's own greedy choice and the log-probability of the given token.
 void run_score(const ScoreOptions& o) {
   set_threads(o.threads);
-  auto model = Model::load(resolve_model_path(o.model));
+  auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
+  const size_t n_adapters = o.lora.load(*model);
+  check(n_adapters <= 1, "score applies one LoRA adapter at a time ({} given)", n_adapters);
   const auto& tok = model->tokenizer();
   std::vector<int32_t> tokens = tok.encode(o.prompt, !o.no_bos);
   check(!tokens.empty(), "the prompt is empty");
@@ -117,6 +121,7 @@ void run_score(const ScoreOptions& o) {
   }
   tokens.insert(tokens.end(), given.begin(), given.end());
   SingleSequence seq(*model, int64_t(tokens.size()), parse_cache_type(o.cache_type));
+  if (n_adapters == 1) seq.set_adapter(0, model->adapters()[0]->scale);
   const auto logits = seq.eval(tokens, /*all_logits=*/true);
   const int64_t n_vocab = tok.n_vocab();
   for (size_t i = 0; i < given.size(); ++i) {
@@ -136,7 +141,9 @@ void add_score(CLI::App& app) {
   cmd->add_option("--ids", o->ids, "comma-separated continuation token ids")->required();
   cmd->add_option("--cache-type,--cache-type-k,--kv-cache-dtype", o->cache_type, kKvCacheTypeHelp);
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
+  cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
+  o->lora.add_to(cmd);
   cmd->callback([o] { run_score(*o); });
 }
 

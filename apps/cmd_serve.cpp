@@ -8,6 +8,7 @@
 
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
+#include "apps/lora_flags.h"
 #include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "base/file_util.h"
@@ -29,6 +30,7 @@ struct ServeOptions {
   std::string kv_events_config;  // vLLM's --kv-events-config JSON
   std::string pooling;           // --pooling: an encoder's /v1/embeddings pooling (default: the model's)
   std::string task, runner;      // vLLM's --task / --runner, checked against the model
+  LoraFlags lora;
   bool embeddings = false, reranking = false;  // llama-server's --embeddings / --reranking
 };
 
@@ -126,6 +128,11 @@ void run_serve(ServeOptions& o) {
   }
   auto model = o.parallel.load(path);
   o.engine.spec.load_heads(*model);
+  if (const size_t n = o.lora.load(*model); n > 0) {
+    for (const auto& a : model->adapters()) o.server.adapters.push_back({a->name, a->path, a->scale, a->rank});
+    fmt::print(stderr, "serval: {} LoRA adapter{} (requests choose one by its name as `model`, or by `lora`)\n", n,
+               n == 1 ? "" : "s");
+  }
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
   fmt::print(stderr, "serval: scheduling: at most {} running requests, {} tokens per step\n", o.engine.max_seqs,
@@ -209,6 +216,7 @@ void add_serve(CLI::App& app) {
                   "Responses API: responses kept in memory for previous_response_id and GET /v1/responses/ID, the "
                   "oldest dropped first (default 256; 0 keeps none)");
   add_kv_events_flags(cmd, *o);
+  o->lora.add_to(cmd);
   cmd->add_option("--pooling", o->pooling, "an encoder's /v1/embeddings pooling: mean, cls or last (default: the model's)")
       ->check(CLI::IsMember({"mean", "cls", "last"}));
   cmd->add_flag("--embeddings,--embedding", o->embeddings,

@@ -104,6 +104,9 @@ void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationP
   check(params.max_tokens >= 1, "max_tokens must be at least 1 (got {})", params.max_tokens);
   check(params.draft_max >= -1, "the draft length must be -1 (the server's), 0 (off) or positive (got {})",
         params.draft_max);
+  check(params.adapter >= -1 && params.adapter < int32_t(model_.adapters().size()),
+        "LoRA adapter {} is not loaded ({} are)", params.adapter, model_.adapters().size());
+  check(std::isfinite(params.adapter_scale), "the LoRA scale must be finite");
   check(!params.embed || (params.draft_max == 0 && !params.grammar && params.prompt_logprobs < 0),
         "an embedding request takes no speculation, grammar or prompt log-probabilities");
   const int64_t total = int64_t(prompt.size()) + params.max_tokens;
@@ -182,6 +185,10 @@ void Engine::build_batch(const SchedulerOutput& plan) {
   logit_row_.clear();
   prompt_rows_.clear();
   int64_t n_logits = 0;
+  batch.adapter.clear();
+  batch.adapter_scale.clear();
+  bool adapters = false;  // a request with a LoRA adapter: every token gets its request's (or -1)
+  for (size_t s = 0; s < plan.scheduled.size(); ++s) adapters |= plan.scheduled[s].request->params.adapter >= 0;
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
     const int64_t begin = r.num_computed_tokens, end = begin + plan.scheduled[s].num_new_tokens;
@@ -226,6 +233,10 @@ void Engine::build_batch(const SchedulerOutput& plan) {
     }
     logit_row_.push_back(end >= n_known ? n_logits : -1);
     n_logits += std::max<int64_t>(0, end - n_known + 1);
+    if (adapters) {
+      batch.adapter.resize(batch.tokens.size(), int16_t(r.params.adapter));
+      batch.adapter_scale.resize(batch.tokens.size(), r.params.adapter_scale);
+    }
   }
 }
 
@@ -488,7 +499,7 @@ bool Engine::run_step() {
     r.num_computed_tokens = std::min(r.num_computed_tokens, r.num_tokens() - 1);
     if (proposer_ && last_row >= 0)
       proposer_->verified(r, hidden_.empty() ? nullptr : hidden_.data() + last_row * model_.config().n_embd);
-    kv_->hash_blocks(r.tokens, r.block_hashes);  // only blocks not hashed before
+    kv_->hash_blocks(r.tokens, r.block_hashes, r.cache_salt());  // only blocks not hashed before
     kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens, r.tokens);
   }
   return true;

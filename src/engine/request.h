@@ -42,6 +42,10 @@ struct GenerationParams {
   // continuous batch as generation; its final event carries the last prompt token's final hidden state
   // (after the output norm, unnormalized) and nothing is generated. No speculation or grammar.
   bool embed = false;
+  // The LoRA adapter this request's tokens use (an index into Model::adapters(), -1 none) and its user
+  // scale (the update is scale * alpha / rank * B A x). Prefix-cache blocks are keyed by both.
+  int32_t adapter = -1;
+  float adapter_scale = 1.0f;
 };
 
 // One generated token, or the end of the stream (finished = true; token may be -1).
@@ -82,6 +86,8 @@ struct Request {
   // Prefix-cache hash chain of the full blocks of `tokens` (KvManager::hash_blocks), extended as
   // tokens arrive; kept across preemptions (the tokens do not change).
   std::vector<uint64_t> block_hashes;
+  // The prefix-cache salt of the request's KV (0 without a LoRA adapter; else its adapter and scale).
+  uint64_t cache_salt() const;
   // The engine's copy of kv's block tables as the last batch carried them (moved into each batch
   // and back), so that a step copies only the blocks new since; taken from allocation
   // `batch_tables_serial`, with blocks before `batch_tables_live[g]` already marked freed.

@@ -55,11 +55,11 @@ uint64_t KvManager::block_hash(uint64_t parent, std::span<const int32_t> tokens)
   return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent ^ 0x5e7a1b10c4u);
 }
 
-void KvManager::hash_blocks(std::span<const int32_t> tokens, std::vector<uint64_t>& chain) const {
+void KvManager::hash_blocks(std::span<const int32_t> tokens, std::vector<uint64_t>& chain, uint64_t salt) const {
   if (!config_.prefix_caching) return;
   const int64_t bs = config_.block_size;
   for (int64_t b = int64_t(chain.size()); (b + 1) * bs <= int64_t(tokens.size()); ++b)
-    chain.push_back(block_hash(chain.empty() ? 0 : chain.back(), tokens.subspan(b * bs, bs)));
+    chain.push_back(block_hash(chain.empty() ? salt : chain.back(), tokens.subspan(b * bs, bs)));
 }
 
 PrefixHit KvManager::find_prefix(std::span<const int32_t> tokens) const {

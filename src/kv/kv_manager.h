@@ -73,7 +73,9 @@ class KvManager {
   // Extends `chain`, the hash chain of the full blocks of a growing token sequence, to every full
   // block of `tokens` (which extends the sequence hashed so far): only new blocks are hashed. Does
   // nothing when prefix caching is off (nothing reads the hashes then).
-  void hash_blocks(std::span<const int32_t> tokens, std::vector<uint64_t>& chain) const;
+  // `salt` starts the chain (0: plain tokens); requests whose KV differs for the same tokens (a LoRA
+  // adapter) salt their chains so that they never share blocks with other requests.
+  void hash_blocks(std::span<const int32_t> tokens, std::vector<uint64_t>& chain, uint64_t salt = 0) const;
   // Longest reusable prefix of `tokens`: whole blocks, and always fewer than all tokens (the last
   // token is computed so that logits exist). Changes nothing.
   PrefixHit find_prefix(std::span<const int32_t> tokens) const;

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <climits>
 #include <cstring>
@@ -216,6 +217,9 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   observe(il, {"attn_q", "attn_k", "attn_v"}, h.data(), n_tok, c.n_embd);
   const cpu::MatmulOut qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   cpu::matmul_many(qkv, h.data(), n_tok);
+  apply_lora(il, LoraTarget::Q, batch, h.data(), c.n_embd, q.data());
+  apply_lora(il, LoraTarget::K, batch, h.data(), c.n_embd, k.data());
+  apply_lora(il, LoraTarget::V, batch, h.data(), c.n_embd, v.data());
   add_bias(q.data(), L.bq, n_tok);
   add_bias(k.data(), L.bk, n_tok);
   add_bias(v.data(), L.bv, n_tok);
@@ -246,13 +250,15 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   std::vector<float> o(n_tok * c.n_embd);
   observe(il, {"attn_output"}, attn.data(), n_tok, q_dim);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
+  apply_lora(il, LoraTarget::O, batch, attn.data(), q_dim, o.data());
   if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);  // row-parallel: partial sums
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
   add_rows(x.data(), o.data(), n_tok, c.n_embd);
 }
 
-void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo* io) const {
+void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, ShardIo* io) const {
   const auto& c = config_;
+  const int64_t n_tok = int64_t(batch.size());
   const auto& L = weights_.layers[il];
   const int64_t n_ff = L.w_gate.rows;  // this rank's FFN columns
   std::vector<float> h(n_tok * c.n_embd), gate(n_tok * n_ff), up(n_tok * n_ff), down(n_tok * c.n_embd);
@@ -260,6 +266,8 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo*
   observe(il, {"ffn_gate", "ffn_up"}, h.data(), n_tok, c.n_embd);
   const cpu::MatmulOut gate_up[] = {{&L.w_gate, gate.data()}, {&L.w_up, up.data()}};
   cpu::matmul_many(gate_up, h.data(), n_tok);
+  apply_lora(il, LoraTarget::Gate, batch, h.data(), c.n_embd, gate.data());
+  apply_lora(il, LoraTarget::Up, batch, h.data(), c.n_embd, up.data());
   const auto act = c.ffn_act == FfnActivation::GeluTanh ? cpu::GluKind::GeluTanh : cpu::GluKind::Silu;
   parallel_for(n_tok, [&](int64_t t) {
     float* g = gate.data() + t * n_ff;
@@ -267,15 +275,42 @@ void Model::ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo*
   });
   observe(il, {"ffn_down"}, gate.data(), n_tok, n_ff);
   cpu::matmul(L.w_down, gate.data(), down.data(), n_tok);
+  apply_lora(il, LoraTarget::Down, batch, gate.data(), n_ff, down.data());
   if (io && c.shard.tp > 1) io->tp_sum(down.data(), n_tok * c.n_embd);
   if (c.post_norms) rms_norm_rows(down.data(), L.post_ffn_norm, down.data(), n_tok, c.n_embd, c.norm_eps);
   add_rows(x.data(), down.data(), n_tok, c.n_embd);
+}
+
+void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const {
+  if (batch.adapter.empty()) return;
+  std::map<int, std::vector<int64_t>> rows;  // adapter -> its tokens, in batch order
+  for (size_t t = 0; t < batch.adapter.size(); ++t)
+    if (batch.adapter[t] >= 0) rows[batch.adapter[t]].push_back(int64_t(t));
+  for (const auto& [ai, tokens] : rows) {
+    const LoraAdapter& a = *adapters_[size_t(ai)];
+    const LoraPair& p = a.layers[size_t(il)][size_t(target)];
+    if (p.empty()) continue;
+    const int64_t n = int64_t(tokens.size()), out = p.b.rows;
+    std::vector<float> xs(size_t(n * cols)), mid(size_t(n * a.rank)), delta(size_t(n * out));
+    for (int64_t k = 0; k < n; ++k) std::copy_n(x + tokens[size_t(k)] * cols, cols, xs.begin() + k * cols);
+    cpu::matmul(p.a, xs.data(), mid.data(), n);
+    cpu::matmul(p.b, mid.data(), delta.data(), n);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t t = tokens[size_t(k)];
+      const float f = a.factor(batch.adapter_scale[size_t(t)]);
+      float* yt = y + t * out;
+      for (int64_t i = 0; i < out; ++i) yt[i] += f * delta[size_t(k * out + i)];
+    }
+  }
 }
 
 void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
   const auto& c = config_;
   check(batch.n_groups() == c.n_kv_groups() && kv.n_groups() == c.n_kv_groups(), "batch or KV cache has the wrong number of KV groups");
   check(batch.block_size > 0, "block size must be positive");
+  check(batch.adapter.empty() || (batch.adapter.size() == batch.size() && batch.adapter_scale.size() == batch.size()),
+        "batch adapters incomplete");
+  for (int16_t a : batch.adapter) check(a >= -1 && a < int(adapters_.size()), "LoRA adapter {} is not loaded", a);
   for (int32_t bs : batch.table_block_size) check(bs > 0, "block size must be positive");
   for (int g = 0; g < batch.n_groups(); ++g) {
     check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
@@ -391,7 +426,7 @@ bool Model::final_rows(const Batch& batch, KvCache& kv, std::vector<float>& out_
   for (int64_t il = 0; il < c.n_layer; ++il) {
     if (!c.owns_layer(il)) continue;
     attention_block(il, batch, ropes, kv, x, io);
-    ffn_block(il, n_tok, x, io);
+    ffn_block(il, batch, x, io);
   }
   out_rows.clear();
   if (!c.shard.last_stage()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,6 +93,11 @@ struct Batch {
     return size_t(seq) < table_block_size.size() ? table_block_size[size_t(seq)] : block_size;
   }
 
+  // [token]: the LoRA adapter (an index into Model::adapters(), -1 none) and the user scale each token's
+  // products use; empty: no adapter for any token.
+  std::vector<int16_t> adapter;
+  std::vector<float> adapter_scale;
+
   // Appends one token writing `slot` in every group.
   void add(int32_t token, int32_t pos, int32_t seq, int32_t slot, bool logits);
   size_t size() const { return tokens.size(); }
@@ -160,6 +166,10 @@ class Model {
   // Calls `observer` with the input of every weight matrix product of later forward passes (empty:
   // none; the default, costing one test per product). Not to be changed while a forward runs.
   void set_matmul_observer(MatmulObserver observer) { observer_ = std::move(observer); }
+  // LoRA adapters that batches may name per token (Batch::adapter); set before serving, or between
+  // forward passes on the thread that runs them.
+  void set_adapters(std::vector<std::shared_ptr<const LoraAdapter>> adapters) { adapters_ = std::move(adapters); }
+  const std::vector<std::shared_ptr<const LoraAdapter>>& adapters() const { return adapters_; }
   // Keys are centred before a quantized (q8_0, fp8_e4m3) cache stores them: a fixed vector per layer,
   // the rotary mean of the layer's K bias (k_centres()), is subtracted from every key. A query's scores
   // then all move by the same amount (q . centre), which softmax cancels, so attention is unchanged in
@@ -186,6 +196,11 @@ class Model {
   const float* k_centre(int64_t il, const KvCache& kv) const;
   std::vector<std::vector<float>> k_centres_;
   KCentring k_centring_ = KCentring::QuantizedCaches;
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
+  // y[t] += factor * B (A x[t]) for each token t whose adapter changes layer il's `target`; x is
+  // [n_tok][cols], y [n_tok][out]. A token's rows are computed alone (the other tokens and adapters of
+  // the batch do not change them).
+  void apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const;
 
   // Reports x[n_tok][cols] to the observer, if any, as the input of "blk.{il}.{kind}.weight" for each
   // kind (il < 0: the un-numbered "{kind}.weight").
@@ -206,7 +221,7 @@ class Model {
   void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
   void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x,
                        ShardIo* io) const;
-  void ffn_block(int64_t il, int64_t n_tok, std::vector<float>& x, ShardIo* io) const;
+  void ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, ShardIo* io) const;
   // This rank's layers over the batch, then (last stage) the output norm of the want_logits rows into
   // `rows`; false on other stages (the activations went to the next one).
   bool final_rows(const Batch& batch, KvCache& kv, std::vector<float>& rows, ShardIo* io = nullptr) const;

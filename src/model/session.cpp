@@ -30,6 +30,10 @@ std::vector<float> SingleSequence::eval(std::span<const int32_t> tokens, bool al
       const int32_t pos = int32_t(n_past_ + i);
       batch.add(tokens[i], pos, 0, pos, all_logits || i + 1 == tokens.size());
     }
+    if (adapter_ >= 0) {
+      batch.adapter.assign(batch.size(), int16_t(adapter_));
+      batch.adapter_scale.assign(batch.size(), adapter_scale_);
+    }
     model_.forward(batch, kv_, logits);
     out.insert(out.end(), logits.begin(), logits.end());
   }

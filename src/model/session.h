@@ -22,6 +22,8 @@ class SingleSequence {
   // later tokens only write the slots of their own positions.
   void rewind(int64_t n);
   int64_t n_past() const { return n_past_; }
+  // Every later token's products use LoRA adapter `adapter` (an index into Model::adapters(), -1 none).
+  void set_adapter(int adapter, float scale = 1.0f) { adapter_ = adapter, adapter_scale_ = scale; }
   int64_t n_ctx() const { return n_ctx_; }
 
  private:
@@ -30,6 +32,8 @@ class SingleSequence {
   KvCache kv_;
   std::vector<int32_t> slot_table_;  // position p lives in slot p
   int64_t n_past_ = 0;
+  int adapter_ = -1;
+  float adapter_scale_ = 1.0f;
 };
 
 }  // namespace serval

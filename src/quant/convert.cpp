@@ -1,5 +1,6 @@
 #include "quant/convert.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fmt/ranges.h>
 
@@ -538,6 +539,57 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
     const DType type = converted_type(name, t->ne.size(), t->ne[0], o.outtype);
     add_tensor(w, a, name, *t, type);
     if (o.progress) o.progress(i + 1, tensors.size(), name, type);
+  }
+  w.write(out_path);
+}
+
+void convert_lora_to_gguf(const std::string& peft_dir, const std::string& base_dir, const std::string& out_path,
+                          DType outtype) {
+  check(outtype == DType::F32 || outtype == DType::F16 || outtype == DType::BF16,
+        "a LoRA adapter is written as f32, f16 or bf16");
+  const fs::path dir = fs::path(peft_dir).lexically_normal();
+  const json ac = read_json(dir / "adapter_config.json");
+  check(ac.value("peft_type", "LORA") == "LORA", "{}: not a LoRA adapter", peft_dir);
+  std::string base = base_dir;
+  if (base.empty() && ac.contains("base_model_name_or_path") && ac["base_model_name_or_path"].is_string())
+    base = ac["base_model_name_or_path"].get<std::string>();
+  check(!base.empty() && fs::is_regular_file(fs::path(base) / "config.json"),
+        "{}: give the base model's Hugging Face directory with --base (its config.json says the architecture)", peft_dir);
+  const json config = read_json(fs::path(base) / "config.json");
+  const ArchInfo a = arch_info(config, (fs::path(base) / "config.json").string());
+  check(a.arch != "bert", "LoRA adapters of encoders are not supported");
+  const SafetensorsFile file((dir / "adapter_model.safetensors").string());
+  GgufWriter w;
+  w.add_string("general.architecture", a.arch);
+  w.add_string("general.type", "adapter");
+  w.add_string("general.name", dir.filename().string());
+  w.add_string("adapter.type", "lora");
+  int64_t rank = 0;
+  static const std::regex re(R"((?:base_model\.model\.)?(model\.layers\.\d+\.\w+\.\w+)\.lora_(A|B)(?:\.default)?\.weight)");
+  std::vector<std::pair<std::string, const TensorRef*>> tensors;
+  for (const auto& t : file.tensors()) {
+    std::smatch m;
+    check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix", peft_dir, t.name);
+    const std::string name = gguf_tensor_name(a.arch, m[1].str() + ".weight");
+    check(!name.empty(), "{}: tensor '{}' targets a module GGUF does not name", peft_dir, t.name);
+    check(t.ne.size() == 2, "{}: tensor '{}' is not a matrix", peft_dir, t.name);
+    if (m[2] == "A") rank = int64_t(t.ne[1]);
+    tensors.emplace_back(name + (m[2] == "A" ? ".lora_a" : ".lora_b"), &t);
+  }
+  check(rank > 0, "{}: no LoRA tensors", peft_dir);
+  float alpha = ac.value("lora_alpha", float(rank));
+  if (ac.value("use_rslora", false)) alpha *= std::sqrt(float(rank));
+  w.add_f32("adapter.lora.alpha", alpha);
+  std::sort(tensors.begin(), tensors.end());
+  for (const auto& [name, t] : tensors) {
+    std::vector<float> x = to_floats(*t);
+    const bool q = name.find(".attn_q.") != std::string::npos, k = name.find(".attn_k.") != std::string::npos;
+    if (a.arch == "llama" && name.ends_with(".lora_b") && (q || k))
+      x = permute_rope_rows(x.data(), t->ne[1], t->ne[0], q ? a.n_head : a.n_head_kv);
+    std::vector<uint8_t> out(row_bytes(outtype, t->ne[0]) * t->ne[1]);
+    for (uint64_t r = 0; r < t->ne[1]; ++r)
+      quantize_row(outtype, x.data() + r * t->ne[0], out.data() + r * row_bytes(outtype, t->ne[0]), t->ne[0]);
+    w.add_tensor(name, t->ne, uint32_t(outtype), out.data(), out.size());
   }
   w.write(out_path);
 }

@@ -21,6 +21,15 @@ struct ConvertOptions {
 // for an unknown architecture, a missing file, a tensor it cannot map or read, or a shape mismatch.
 void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& options);
 
+// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) to a GGUF adapter as
+// llama.cpp's convert_lora_to_gguf.py writes it: general.type "adapter", adapter.type "lora",
+// adapter.lora.alpha, "blk.N.<name>.weight.lora_a" [rank, in] and ".lora_b" [out, rank], B rows of
+// Q and K permuted for a llama base. `base_dir` is the base model's Hugging Face directory (its
+// config.json; empty: the adapter's base_model_name_or_path when that is a local directory).
+// `outtype` F32, F16 or BF16.
+void convert_lora_to_gguf(const std::string& peft_dir, const std::string& base_dir, const std::string& out_path,
+                          DType outtype);
+
 // "f32" / "f16" / "bf16" / "q8_0" to a type; throws Error otherwise.
 DType parse_convert_type(const std::string& name);
 

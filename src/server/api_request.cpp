@@ -319,7 +319,7 @@ constexpr FieldRule kFields[] = {
     {"top_k", kBoth, used}, {"min_p", kBoth, used}, {"repetition_penalty", kBoth, used}, {"ignore_eos", kBoth, used},
     {"stop_token_ids", kBoth, used}, {"priority", kBoth, used}, {"speculative", kBoth, used},
     {"speculative.n_max", kBoth, used}, {"chat_template", kChat, used}, {"add_generation_prompt", kChat, used},
-    {"chat_template_kwargs", kChat, used},
+    {"chat_template_kwargs", kChat, used}, {"lora", kBoth, used},
     // Structured output (src/server/structured_output.cpp): vLLM's fields, then llama-server's
     {"structured_outputs", kBoth, used}, {"guided_json", kBoth, used}, {"guided_regex", kBoth, used},
     {"guided_choice", kBoth, used}, {"guided_grammar", kBoth, used}, {"guided_decoding_backend", kBoth, short_string},
@@ -363,8 +363,10 @@ void check_model_name(const json& body, const ApiContext& ctx) {
   if (!body.contains("model") || body["model"].is_null()) return;
   if (!body["model"].is_string()) bad_request("'model' must be a string", "model");
   const std::string name = body["model"].get<std::string>();
-  if (name != ctx.model_name)
-    throw ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, ctx.model_name),
+  const bool adapter = std::any_of(ctx.adapters.begin(), ctx.adapters.end(), [&](const auto& a) { return a.name == name; });
+  if (name != ctx.model_name && !adapter)
+    throw ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'{}", name, ctx.model_name,
+                                    ctx.adapters.empty() ? "" : " and its LoRA adapters (see /v1/models)"),
                    "NotFoundError", "model", "model_not_found"};
 }
 
@@ -500,6 +502,36 @@ void constraint_from(const json& b, bool chat, const ApiContext& ctx, GenJob& jo
   if (c) job.params.grammar = compile_grammar(c->gbnf, c->field);
 }
 
+// The LoRA adapter of a request: `model` naming one (vLLM), or llama-server's `lora` list of
+// {"id", "scale"} (entries with scale 0 mean "not this one"; one adapter per request).
+static void adapter_from(const json& b, const ApiContext& ctx, GenerationParams& params) {
+  if (b.contains("model") && b["model"].is_string())
+    for (size_t i = 0; i < ctx.adapters.size(); ++i)
+      if (ctx.adapters[i].name == b["model"].get<std::string>()) {
+        params.adapter = int32_t(i);
+        params.adapter_scale = ctx.adapters[i].scale;
+      }
+  if (!b.contains("lora") || b["lora"].is_null()) return;
+  const json& l = b["lora"];
+  if (!l.is_array() || l.size() > 64) bad_request("'lora' must be a list of {\"id\", \"scale\"} objects", "lora");
+  int chosen = 0;
+  for (const auto& e : l) {
+    if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() || !e.contains("scale") || !e["scale"].is_number())
+      bad_request("each 'lora' entry must be {\"id\": integer, \"scale\": number}", "lora");
+    const int64_t id = e["id"].get<int64_t>();
+    const double scale = e["scale"].get<double>();
+    if (id < 0 || id >= int64_t(ctx.adapters.size()))
+      bad_request(fmt::format("LoRA adapter id {} is not loaded ({} are; see /lora-adapters)", id, ctx.adapters.size()), "lora");
+    if (!std::isfinite(scale) || std::abs(scale) > 1e4) bad_request("a LoRA scale must be a finite number", "lora");
+    if (scale == 0) continue;
+    if (++chosen > 1) bad_request("at most one LoRA adapter per request (with a non-zero scale)", "lora");
+    if (params.adapter >= 0 && params.adapter != int32_t(id))
+      bad_request("'model' names one LoRA adapter and 'lora' another", "lora");
+    params.adapter = int32_t(id);
+    params.adapter_scale = float(scale);
+  }
+}
+
 GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx) {
   const Tokenizer& tok = *ctx.tokenizer;
   check_fields(b, chat);
@@ -538,6 +570,7 @@ GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx)
   job.params.priority = int32_t(priority);
   speculative_from(b, job);
   constraint_from(b, chat, ctx, job);
+  adapter_from(b, ctx, job.params);
   return job;
 }
 

@@ -46,6 +46,13 @@ struct ApiContext {
   std::string model_name;
   ToolFormat tool_format = ToolFormat::Hermes;  // how the model writes tool calls (from its template)
   ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: chat replies split their thinking
+  // LoRA adapters loaded at startup (--lora): a request's `model` may name one (vLLM), or its `lora`
+  // field pick one by index with a scale (llama-server).
+  struct Adapter {
+    std::string name;
+    float scale = 1.0f;
+  };
+  std::vector<Adapter> adapters;
 };
 
 // Everything one completion / chat request asks for, validated.
@@ -75,7 +82,7 @@ struct GenJob {
 
 // A request body: must be a JSON object.
 json parse_json_body(std::string_view body);
-// 404 unless `model` is absent, null or the served name.
+// 404 unless `model` is absent, null, the served name or a LoRA adapter's name.
 void check_model_name(const json& body, const ApiContext& ctx);
 // The chat prompt text from `messages` (and `tools`) through the chat template.
 std::string render_chat(const json& body, const ApiContext& ctx);

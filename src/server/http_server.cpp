@@ -105,6 +105,7 @@ struct HttpServer::Impl {
   void get_openapi(http::Request&, Exchange ex);
   void get_metrics(http::Request&, Exchange ex);
   void get_models(http::Request&, Exchange ex);
+  void get_lora_adapters(http::Request&, Exchange ex);
   void get_engine_state(http::Request&, Exchange ex);
   void get_engine_blocks(http::Request&, Exchange ex);
   void post_reset_prefix_cache(http::Request&, Exchange ex);
@@ -132,6 +133,7 @@ void HttpServer::Impl::add_routes() {
       {{"GET", "/openapi.json"}, {true, &Impl::get_openapi}},
       {{"GET", "/metrics"}, {true, &Impl::get_metrics}},
       {{"GET", "/v1/models"}, {true, &Impl::get_models}},
+      {{"GET", "/lora-adapters"}, {true, &Impl::get_lora_adapters}},
       {{"GET", "/engine/state"}, {false, &Impl::get_engine_state}},
       {{"GET", "/engine/blocks"}, {false, &Impl::get_engine_blocks}},
       {{"POST", "/reset_prefix_cache"}, {false, &Impl::post_reset_prefix_cache}},
@@ -280,9 +282,21 @@ void HttpServer::Impl::get_metrics(http::Request&, Exchange ex) {
 }
 
 void HttpServer::Impl::get_models(http::Request&, Exchange ex) {
-  json m{{"id", model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
-         {"max_model_len", api.max_model_len}};
-  reply(ex, json_response(200, json{{"object", "list"}, {"data", json::array({m})}}));
+  json data = json::array({json{{"id", model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
+                                {"max_model_len", api.max_model_len}}});
+  for (const auto& a : cfg.adapters)  // vLLM lists each adapter with the base model as its parent
+    data.push_back({{"id", a.name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
+                    {"root", a.path}, {"parent", model_name}, {"max_model_len", api.max_model_len}});
+  reply(ex, json_response(200, json{{"object", "list"}, {"data", std::move(data)}}));
+}
+
+// llama-server's list of the loaded adapters (requests pick one with `lora: [{"id", "scale"}]`).
+void HttpServer::Impl::get_lora_adapters(http::Request&, Exchange ex) {
+  json list = json::array();
+  for (size_t i = 0; i < cfg.adapters.size(); ++i)
+    list.push_back({{"id", i}, {"name", cfg.adapters[i].name}, {"path", cfg.adapters[i].path},
+                    {"scale", cfg.adapters[i].scale}, {"rank", cfg.adapters[i].rank}});
+  reply(ex, json_response(200, list));
 }
 
 void HttpServer::Impl::get_engine_state(http::Request&, Exchange ex) { reply(ex, json_response(200, engine_state())); }
@@ -518,6 +532,7 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
   api.model_name = impl_->model_name;
   api.trust_request_chat_template = config_.trust_request_chat_template;
   api.reasoning = config_.reasoning;
+  for (const auto& a : config_.adapters) api.adapters.push_back({a.name, a.scale});
   loop.run_on_engine([&](Engine& e) { api.max_model_len = e.max_model_len(); });
   const std::string source = config_.chat_template.empty() ? model.tokenizer().vocab().chat_template : config_.chat_template;
   api.tool_format = tool_format_for_template(source);

@@ -1,0 +1,44 @@
+// LoRA adapters: low-rank updates y += scale * B (A x) to a model's matrix products, kept beside the
+// shared weights (never merged), so that each token of a batch can use its own adapter (or none).
+// Loaded from GGUF adapters as llama.cpp's convert_lora_to_gguf.py writes them (general.type adapter,
+// adapter.lora.alpha, "blk.N.attn_q.weight.lora_a" / ".lora_b") or PEFT directories
+// (adapter_config.json + adapter_model.safetensors).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+
+namespace serval {
+
+// The matrix products an adapter may change, in a layer.
+enum class LoraTarget { Q, K, V, O, Gate, Up, Down, Count };
+const char* lora_target_name(LoraTarget t);  // GGUF's: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
+
+struct LoraPair {
+  WeightMatrix a;  // [rank, in] (F32, owned by the adapter)
+  WeightMatrix b;  // [out, rank]
+  bool empty() const { return a.empty(); }
+};
+
+struct LoraAdapter {
+  std::string name, path;
+  int64_t rank = 0;
+  float alpha = 0;
+  float scale = 1;  // the user's scale (--lora-scaled); the update is scale * alpha / rank * B A x
+  std::vector<std::array<LoraPair, size_t(LoraTarget::Count)>> layers;
+  std::vector<std::vector<float>> storage;  // the F32 data the pairs point into
+  float factor(float user_scale) const { return user_scale * alpha / float(rank); }
+};
+
+// Loads an adapter for a model of `config` (its architecture and shapes are checked; a split model
+// is refused). A llama model in GGUF keeps Q and K rows permuted for interleaved RoPE: a PEFT adapter's
+// B rows for q_proj / k_proj are permuted the same way. Throws Error naming the file and the problem.
+std::shared_ptr<const LoraAdapter> load_lora(const std::string& path, const ModelConfig& config, std::string name,
+                                             float scale);
+
+}  // namespace serval
