@@ -129,7 +129,6 @@ void run_serve(ServeOptions& o) {
   auto model = o.parallel.load(path);
   o.engine.spec.load_heads(*model);
   if (const size_t n = o.lora.load(*model); n > 0) {
-    for (const auto& a : model->adapters()) o.server.adapters.push_back({a->name, a->path, a->scale, a->rank});
     fmt::print(stderr, "serval: {} LoRA adapter{} (requests choose one by its name as `model`, or by `lora`)\n", n,
                n == 1 ? "" : "s");
   }

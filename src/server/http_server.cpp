@@ -72,6 +72,7 @@ struct HttpServer::Impl {
   std::unique_ptr<EmbeddingService> embedder;  // an encoder's, else null
   Pooling pooling = Pooling::Mean;             // of /v1/embeddings
   PoolingTarget target;                        // what the pooling APIs check requests against
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;  // the model's (set by attach)
   std::atomic<bool> ready{false};
   std::unique_ptr<jinja::Template> chat_template;
   ApiContext api;
@@ -284,18 +285,18 @@ void HttpServer::Impl::get_metrics(http::Request&, Exchange ex) {
 void HttpServer::Impl::get_models(http::Request&, Exchange ex) {
   json data = json::array({json{{"id", model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
                                 {"max_model_len", api.max_model_len}}});
-  for (const auto& a : cfg.adapters)  // vLLM lists each adapter with the base model as its parent
-    data.push_back({{"id", a.name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
-                    {"root", a.path}, {"parent", model_name}, {"max_model_len", api.max_model_len}});
+  for (const auto& a : adapters)  // vLLM lists each adapter with the base model as its parent
+    data.push_back({{"id", a->name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
+                    {"root", a->path}, {"parent", model_name}, {"max_model_len", api.max_model_len}});
   reply(ex, json_response(200, json{{"object", "list"}, {"data", std::move(data)}}));
 }
 
 // llama-server's list of the loaded adapters (requests pick one with `lora: [{"id", "scale"}]`).
 void HttpServer::Impl::get_lora_adapters(http::Request&, Exchange ex) {
   json list = json::array();
-  for (size_t i = 0; i < cfg.adapters.size(); ++i)
-    list.push_back({{"id", i}, {"name", cfg.adapters[i].name}, {"path", cfg.adapters[i].path},
-                    {"scale", cfg.adapters[i].scale}, {"rank", cfg.adapters[i].rank}});
+  for (size_t i = 0; i < adapters.size(); ++i)
+    list.push_back({{"id", i}, {"name", adapters[i]->name}, {"path", adapters[i]->path}, {"scale", adapters[i]->scale},
+                    {"rank", adapters[i]->rank}});
   reply(ex, json_response(200, list));
 }
 
@@ -532,7 +533,8 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
   api.model_name = impl_->model_name;
   api.trust_request_chat_template = config_.trust_request_chat_template;
   api.reasoning = config_.reasoning;
-  for (const auto& a : config_.adapters) api.adapters.push_back({a.name, a.scale});
+  impl_->adapters = model.adapters();
+  for (const auto& a : model.adapters()) api.adapters.push_back({a->name, a->scale});
   loop.run_on_engine([&](Engine& e) { api.max_model_len = e.max_model_len(); });
   const std::string source = config_.chat_template.empty() ? model.tokenizer().vocab().chat_template : config_.chat_template;
   api.tool_format = tool_format_for_template(source);

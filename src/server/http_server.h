@@ -45,12 +45,6 @@ struct ServerConfig {
   ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: split the thinking in chat replies
   size_t responses_store = 256;  // Responses API: responses kept for previous_response_id (oldest dropped)
   bool decoder_embeddings = false;  // a generating model also serves /v1/embeddings (last-token pooling)
-  struct LoraAdapterInfo {
-    std::string name, path;
-    float scale = 1.0f;
-    int64_t rank = 0;
-  };
-  std::vector<LoraAdapterInfo> adapters;  // loaded on the model (Model::adapters), in id order
 };
 
 class HttpServer {
