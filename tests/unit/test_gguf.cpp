@@ -290,7 +290,9 @@ TEST(Safetensors, EveryCheckSaysWhatIsWrong) {
   EXPECT_TRUE(has(safetensors_error(too_long), "header length " + std::to_string(claimed) + " exceeds the file size"));
   EXPECT_TRUE(has(safetensors_error(safetensors_bytes(R"({"a":{"data_offsets":[0,4]}})", 4)),
                   "tensor 'a' lacks dtype, shape or data_offsets"));
-  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("I8", "[4]", "[0,4]"), 4)), "unsupported dtype I8"));
+  EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("C64", "[4]", "[0,32]"), 32)), "unsupported dtype C64"));
+  // Integer tensors are buffers (BERT's position_ids), not weights: skipped, never read.
+  EXPECT_EQ(SafetensorsFile("f", safetensors_bytes(one_tensor("I64", "[4]", "[0,32]"), 32)).tensors().size(), 0u);
   EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("F32", "[1,1,1,1,2]", "[0,8]"), 8)),
                   "tensor 'a' has a bad shape"));
   EXPECT_TRUE(has(safetensors_error(safetensors_bytes(one_tensor("F32", "[3]", "[0,12]"), 8)),
