@@ -84,9 +84,17 @@ class Builder {
     dequantize_row(ref.type, ref.data, x.data(), x.size());
     if (permute != 0 && !is_a && (t == LoraTarget::Q || t == LoraTarget::K))
       x = interleave_rows(x, rows, cols, t == LoraTarget::Q ? c_.n_head : c_.n_head_kv, permute < 0);
+    LoraPair& pair = a_.layers[size_t(il)][size_t(t)];
+    if (!is_a) {
+      std::vector<float> tr(x.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) tr[size_t(c * rows + r)] = x[size_t(r * cols + c)];
+      a_.storage.push_back(std::move(tr));
+      pair.bt = a_.storage.back().data();
+    }
     a_.storage.push_back(std::move(x));
     WeightMatrix m{DType::F32, rows, cols, reinterpret_cast<const uint8_t*>(a_.storage.back().data()), size_t(cols) * 4};
-    (is_a ? a_.layers[size_t(il)][size_t(t)].a : a_.layers[size_t(il)][size_t(t)].b) = m;
+    (is_a ? pair.a : pair.b) = m;
   }
 
   void finish() {

@@ -20,8 +20,9 @@ enum class LoraTarget { Q, K, V, O, Gate, Up, Down, Count };
 const char* lora_target_name(LoraTarget t);  // GGUF's: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
 
 struct LoraPair {
-  WeightMatrix a;  // [rank, in] (F32, owned by the adapter)
-  WeightMatrix b;  // [out, rank]
+  WeightMatrix a;   // [rank, in] (F32, owned by the adapter)
+  WeightMatrix b;   // [out, rank]
+  const float* bt = nullptr;  // B transposed, [rank][out]: the update's second product runs along rows
   bool empty() const { return a.empty(); }
 };
 

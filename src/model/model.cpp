@@ -283,25 +283,66 @@ void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, Sha
 
 void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const {
   if (batch.adapter.empty()) return;
-  std::map<int, std::vector<int64_t>> rows;  // adapter -> its tokens, in batch order
-  for (size_t t = 0; t < batch.adapter.size(); ++t)
-    if (batch.adapter[t] >= 0) rows[batch.adapter[t]].push_back(int64_t(t));
-  for (const auto& [ai, tokens] : rows) {
+  // The step's tokens grouped by adapter (Punica / S-LoRA's segments); each adapter's A and B are read
+  // once per step however many of its tokens there are.
+  struct Group {
+    const LoraPair* pair;
+    float alpha_over_rank;
+    int64_t rank;
+    std::vector<int64_t> tokens;
+    std::vector<float> mid;  // [token][rank] = A x
+  };
+  std::vector<Group> groups;
+  std::vector<int> group_of(adapters_.size(), -1);
+  for (size_t t = 0; t < batch.adapter.size(); ++t) {
+    const int ai = batch.adapter[t];
+    if (ai < 0) continue;
     const LoraAdapter& a = *adapters_[size_t(ai)];
     const LoraPair& p = a.layers[size_t(il)][size_t(target)];
     if (p.empty()) continue;
-    const int64_t n = int64_t(tokens.size()), out = p.b.rows;
-    std::vector<float> xs(size_t(n * cols)), mid(size_t(n * a.rank)), delta(size_t(n * out));
-    for (int64_t k = 0; k < n; ++k) std::copy_n(x + tokens[size_t(k)] * cols, cols, xs.begin() + k * cols);
-    cpu::matmul(p.a, xs.data(), mid.data(), n);
-    cpu::matmul(p.b, mid.data(), delta.data(), n);
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t t = tokens[size_t(k)];
-      const float f = a.factor(batch.adapter_scale[size_t(t)]);
-      float* yt = y + t * out;
-      for (int64_t i = 0; i < out; ++i) yt[i] += f * delta[size_t(k * out + i)];
+    if (group_of[size_t(ai)] < 0) {
+      group_of[size_t(ai)] = int(groups.size());
+      groups.push_back({&p, a.alpha / float(a.rank), a.rank, {}, {}});
     }
+    groups[size_t(group_of[size_t(ai)])].tokens.push_back(int64_t(t));
   }
+  if (groups.empty()) return;
+  // mid = A x: a task per (group, row of A). Each value is one fixed-order dot of the token's own row.
+  std::vector<std::pair<int, int64_t>> rows;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].mid.resize(groups[g].tokens.size() * size_t(groups[g].rank));
+    for (int64_t r = 0; r < groups[g].rank; ++r) rows.emplace_back(int(g), r);
+  }
+  parallel_for(int64_t(rows.size()), [&](int64_t i) {
+    Group& g = groups[size_t(rows[size_t(i)].first)];
+    const int64_t r = rows[size_t(i)].second;
+    const float* ar = reinterpret_cast<const float*>(g.pair->a.data) + r * cols;
+    for (size_t k = 0; k < g.tokens.size(); ++k) g.mid[k * size_t(g.rank) + size_t(r)] = cpu::dot(ar, x + g.tokens[k] * cols, cols);
+  });
+  // y += factor * B mid: a task per (group, 256 outputs), summed over the rank in order along B's
+  // transposed rows (vectorizes over the outputs).
+  constexpr int64_t kChunk = 256;
+  std::vector<std::pair<int, int64_t>> chunks;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int64_t i = 0; i < groups[g].pair->b.rows; i += kChunk) chunks.emplace_back(int(g), i);
+  parallel_for(int64_t(chunks.size()), [&](int64_t c) {
+    const Group& g = groups[size_t(chunks[size_t(c)].first)];
+    const int64_t out = g.pair->b.rows, i0 = chunks[size_t(c)].second, i1 = std::min(out, i0 + kChunk);
+    float acc[kChunk];
+    for (size_t k = 0; k < g.tokens.size(); ++k) {
+      const int64_t t = g.tokens[k];
+      const float f = g.alpha_over_rank * batch.adapter_scale[size_t(t)];
+      const float* m = g.mid.data() + k * size_t(g.rank);
+      std::fill(acc, acc + (i1 - i0), 0.0f);
+      for (int64_t r = 0; r < g.rank; ++r) {
+        const float* bt = g.pair->bt + r * out + i0;
+        const float mr = m[r];
+        for (int64_t i = 0; i < i1 - i0; ++i) acc[i] += mr * bt[i];
+      }
+      float* yt = y + t * out + i0;
+      for (int64_t i = 0; i < i1 - i0; ++i) yt[i] += f * acc[i];
+    }
+  });
 }
 
 void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
