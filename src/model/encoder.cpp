@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <numeric>
 
 #include "base/error.h"
 #include "base/file_util.h"
