@@ -98,6 +98,62 @@ int64_t json_int_or(const nlohmann::json& j, const char* key, int64_t fallback, 
 }
 }  // namespace
 
+namespace {
+// One rope_parameters / rope_scaling set: its type must be default or linear.
+void read_rope_set(const nlohmann::json& set, const std::string& path, float& theta, float* factor, bool& has_theta) {
+  check(set.is_object(), "{}: a RoPE parameter set must be an object", path);
+  const std::string type = set.value("rope_type", set.value("type", "default"));
+  if (type == "linear") {
+    check(factor && set.contains("factor") && set["factor"].is_number(), "{}: linear RoPE scaling needs a 'factor'", path);
+    *factor = set["factor"].get<float>();
+  } else {
+    check(type == "default", "{}: unsupported RoPE type '{}' (default and linear are supported)", path, type);
+  }
+  if (set.contains("rope_theta")) {
+    check(set["rope_theta"].is_number(), "{}: 'rope_theta' must be a number", path);
+    theta = set["rope_theta"].get<float>();
+    has_theta = true;
+  }
+}
+}  // namespace
+
+HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
+  HfRope r;
+  if (j.contains("rope_theta") && !j["rope_theta"].is_null()) {
+    check(j["rope_theta"].is_number(), "{}: 'rope_theta' must be a number", path);
+    r.theta = j["rope_theta"].get<float>();
+    r.has_theta = true;
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) read_rope_set(j["rope_scaling"], path, r.theta, &r.linear_factor, r.has_theta);
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const auto& rp = j["rope_parameters"];
+    check(rp.is_object(), "{}: 'rope_parameters' must be an object", path);
+    if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
+      for (const auto& [key, set] : rp.items())
+        check(key == "full_attention" || key == "sliding_attention", "{}: unknown layer type '{}' in rope_parameters", path, key);
+      check(rp.contains("full_attention"), "{}: rope_parameters has no full_attention set", path);
+      read_rope_set(rp["full_attention"], path, r.theta, &r.linear_factor, r.has_theta);
+      check(r.has_theta, "{}: rope_parameters.full_attention has no rope_theta", path);
+      r.theta_swa = r.theta;
+      if (rp.contains("sliding_attention")) {
+        bool swa_has = false;
+        read_rope_set(rp["sliding_attention"], path, r.theta_swa, nullptr, swa_has);
+        check(swa_has, "{}: rope_parameters.sliding_attention has no rope_theta", path);
+      }
+    } else {
+      read_rope_set(rp, path, r.theta, &r.linear_factor, r.has_theta);
+      check(r.has_theta, "{}: rope_parameters has no rope_theta", path);
+    }
+  }
+  if (!j.contains("rope_parameters")) r.theta_swa = r.theta;
+  if (j.contains("rope_local_base_freq") && j["rope_local_base_freq"].is_number())  // transformers 4's Gemma 3
+    r.theta_swa = j["rope_local_base_freq"].get<float>();
+  check(std::isfinite(r.theta) && r.theta > 0 && std::isfinite(r.theta_swa) && r.theta_swa > 0 &&
+            std::isfinite(r.linear_factor) && r.linear_factor > 0,
+        "{}: RoPE base and scaling factor must be positive", path);
+  return r;
+}
+
 ModelConfig config_from_hf(const std::string& path) {
   nlohmann::json j;
   try {
@@ -119,13 +175,10 @@ ModelConfig config_from_hf(const std::string& path) {
     c.n_ctx_train = json_int_or(j, "max_position_embeddings", 2048, path);
     c.d_head = json_int_or(j, "head_dim", c.n_head > 0 ? c.n_embd / c.n_head : 0, path);
     c.norm_eps = j.value("rms_norm_eps", 1e-6f);
-    c.rope_base = j.value("rope_theta", 10000.0f);
-    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-      const auto& rs = j["rope_scaling"];
-      const std::string kind = rs.value("rope_type", rs.value("type", ""));
-      check(kind == "linear", "{}: unsupported rope_scaling '{}'", path, kind);
-      c.rope_linear_scale = rs.at("factor");
-    }
+    const HfRope rope = hf_rope(j, path);
+    c.rope_base = rope.theta;
+    c.rope_base_swa = rope.theta_swa;
+    c.rope_linear_scale = rope.linear_factor;
   } catch (const nlohmann::json::exception& e) {
     fail("{}: missing or mistyped field: {}", path, e.what());
   }

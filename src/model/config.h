@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "model/shard.h"
 
 namespace serval {
@@ -62,6 +64,18 @@ struct ModelConfig {
   // Throws Error when the hyperparameters are inconsistent.
   void validate(const std::string& source) const;
 };
+
+// RoPE of a Hugging Face config.json, spelled either way: transformers 4's `rope_theta` and
+// `rope_scaling`, or transformers 5's `rope_parameters` (one set, or one per layer type:
+// "full_attention", "sliding_attention"). Types: default and linear; any other, or a set without a
+// base, is refused (Error) rather than run with a default. Without either spelling: base 10000.
+struct HfRope {
+  bool has_theta = false;
+  float theta = 10000.0f;      // full-attention layers
+  float theta_swa = 10000.0f;  // sliding-window layers (their own set in rope_parameters, else theta)
+  float linear_factor = 1.0f;  // linear scaling (positions divided by it); 1: none
+};
+HfRope hf_rope(const nlohmann::json& config, const std::string& path);
 
 // Reads `{arch}.*` keys; throws Error for an unsupported architecture or missing keys.
 ModelConfig config_from_gguf(const GgufFile& gguf);

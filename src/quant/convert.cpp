@@ -16,6 +16,7 @@
 #include "io/gguf_writer.h"
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
+#include "model/config.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 #include "tokenizer/load.h"
@@ -118,7 +119,7 @@ void add_common_hparams(GgufWriter& w, const std::string& a, const json& c, cons
   w.add_u32(a + ".attention.head_count", hp_u32(c, "num_attention_heads", path));
   if (has_number(c, "num_key_value_heads"))
     w.add_u32(a + ".attention.head_count_kv", hp_u32(c, "num_key_value_heads", path));
-  if (has_number(c, "rope_theta")) w.add_f32(a + ".rope.freq_base", c["rope_theta"].get<float>());
+  if (const HfRope rope = hf_rope(c, path); rope.has_theta) w.add_f32(a + ".rope.freq_base", rope.theta);
   if (has_number(c, "rms_norm_eps")) w.add_f32(a + ".attention.layer_norm_rms_epsilon", c["rms_norm_eps"].get<float>());
   if (has_number(c, "head_dim")) {
     w.add_u32(a + ".attention.key_length", hp_u32(c, "head_dim", path));
@@ -126,12 +127,12 @@ void add_common_hparams(GgufWriter& w, const std::string& a, const json& c, cons
   }
 }
 
-void add_linear_rope_scaling(GgufWriter& w, const std::string& a, const json& c) {
-  if (!c.contains("rope_scaling") || !c["rope_scaling"].is_object()) return;
-  const auto& rs = c["rope_scaling"];
-  if (rs.value("type", rs.value("rope_type", "")) == "linear" && has_number(rs, "factor")) {
+// hf_rope refuses any RoPE type other than default and linear, so nothing is dropped silently.
+void add_linear_rope_scaling(GgufWriter& w, const std::string& a, const json& c, const std::string& path) {
+  const HfRope rope = hf_rope(c, path);
+  if (rope.linear_factor != 1.0f) {
     w.add_string(a + ".rope.scaling.type", "linear");
-    w.add_f32(a + ".rope.scaling.factor", rs["factor"].get<float>());
+    w.add_f32(a + ".rope.scaling.factor", rope.linear_factor);
   }
 }
 
@@ -177,7 +178,7 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     const uint32_t n_head = hp_u32(c, "num_attention_heads", path);
     w.add_u32("llama.rope.dimension_count",
               has_number(c, "head_dim") ? hp_u32(c, "head_dim", path) : hp_u32(c, "hidden_size", path) / n_head);
-    add_linear_rope_scaling(w, arch, c);
+    add_linear_rope_scaling(w, arch, c, path);
   } else if (arch == "gemma3") {
     // Gemma3Model writes its own set, with the defaults of transformers' Gemma3TextConfig.
     w.add_u32("gemma3.context_length", c.value("max_position_embeddings", 131072u));
@@ -189,10 +190,11 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     w.add_u32("gemma3.attention.key_length", c.value("head_dim", 256u));
     w.add_u32("gemma3.attention.value_length", c.value("head_dim", 256u));
     w.add_u32("general.file_type", file_type_of(outtype));
-    w.add_f32("gemma3.rope.freq_base", c.value("rope_theta", 1000000.0f));
+    const HfRope rope = hf_rope(c, path);
+    w.add_f32("gemma3.rope.freq_base", rope.has_theta ? rope.theta : 1000000.0f);
     w.add_u32("gemma3.attention.sliding_window", hp_u32(c, "sliding_window", path));
     w.add_u32("gemma3.attention.head_count_kv", c.value("num_key_value_heads", 4u));
-    add_linear_rope_scaling(w, arch, c);
+    add_linear_rope_scaling(w, arch, c, path);
   }
 }
 
@@ -220,15 +222,12 @@ bool looks_special(const std::string& t) {
 
 // tokenizer.ggml.pre for a byte-level BPE tokenizer. llama.cpp names it by the SHA-256 of the ids that
 // the Hugging Face tokenizer gives a fixed check text; tokenizers with the same pre-tokenizer split
-// regex give the same hash, so the regex in tokenizer.json names it here.
-std::string bpe_pre_name(const json& tok, const std::string& path) {
-  const std::string pre = tok.value("pre_tokenizer", json()).dump();
-  if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|)") != std::string::npos)
-    return "qwen2";
-  if (pre.find(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3})") != std::string::npos)
-    return "llama-bpe";
-  if (pre.find(R"("type":"ByteLevel")") != std::string::npos && pre.find("Split") == std::string::npos) return "gpt-2";
-  fail("{}: unrecognized BPE pre-tokenizer (known: Qwen2, Llama 3, GPT-2)", path);
+// regexes give the same hash, so the regexes of tokenizer.json (Vocab::pre_regex) name it here.
+std::string bpe_pre_name(const Vocab& v, const std::string& path) {
+  const std::string name = pre_tokenizer_name_of(v.pre_regex);
+  check(!name.empty(), "{}: GGUF has no tokenizer.ggml.pre name for this pre-tokenizer's regexes (known: Qwen2, Llama 3, "
+        "GPT-2, StarCoder, DeepSeek Coder)", path);
+  return name;
 }
 
 // Whether tokenizer.json is a SentencePiece-style BPE (byte fallback): llama.cpp's LlamaHfVocab.
@@ -354,7 +353,7 @@ void add_tokenizer(GgufWriter& w, const std::string& arch, const fs::path& dir, 
   for (size_t i = 0; i < v.tokens.size(); ++i)
     if (v.attrs[i] == TokenAttr::Unused && v.tokens[i].empty()) v.tokens[i] = fmt::format("[PAD{}]", i);
   w.add_string("tokenizer.ggml.model", llama_hf ? "llama" : "gpt2");
-  w.add_string("tokenizer.ggml.pre", llama_hf ? "default" : bpe_pre_name(tok, tok_path.string()));
+  w.add_string("tokenizer.ggml.pre", llama_hf ? "default" : bpe_pre_name(v, tok_path.string()));
   w.add_value("tokenizer.ggml.tokens", string_array(v.tokens));
   if (llama_hf) {
     GgufArray scores{GgufValueType::FLOAT32, {}, std::vector<double>(v.tokens.size(), -1000.0), {}};

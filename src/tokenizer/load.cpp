@@ -99,6 +99,59 @@ Vocab wordpiece_from_json(const nlohmann::json& j, const std::string& path) {
   return v;
 }
 
+// One step of a tokenizer.json pre-tokenizer as split regexes (appended to `out`); returns whether it
+// is the byte-level step. Fails for a step Serval cannot reproduce exactly.
+bool add_pre_step(const nlohmann::json& step, std::vector<std::string>& out, const std::string& path) {
+  const std::string type = step.value("type", "");
+  if (type == "ByteLevel") {
+    check(!step.value("add_prefix_space", false), "{}: a ByteLevel pre-tokenizer with add_prefix_space is unsupported", path);
+    if (step.value("use_regex", true)) out.push_back(pre_tokenizer_regexes(PreTokenizer::Gpt2).front());
+    return true;
+  }
+  if (type == "Digits") {
+    out.push_back(step.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+    return false;
+  }
+  check(type == "Split", "{}: unsupported pre-tokenizer '{}' (Sequence, Split, Digits and ByteLevel are supported)", path, type);
+  const std::string behavior = step.value("behavior", "");
+  check(behavior == "Isolated" && !step.value("invert", false),
+        "{}: a Split pre-tokenizer with behavior '{}'{} is unsupported (Isolated is)", path, behavior,
+        step.value("invert", false) ? " inverted" : "");
+  const auto& pattern = step.at("pattern");
+  if (pattern.contains("Regex")) {
+    out.push_back(pattern.at("Regex").get<std::string>());
+  } else {
+    const std::string literal = pattern.at("String").get<std::string>();
+    check(literal.find("\\E") == std::string::npos, "{}: a Split string containing \\E is unsupported", path);
+    out.push_back("\\Q" + literal + "\\E");
+  }
+  check_pre_tokenizer_regex(out.back());
+  return false;
+}
+
+// A byte-level tokenizer.json's split regexes, in order (Sequence steps in turn), from its own
+// pre_tokenizer; fails unless exactly one step is ByteLevel.
+std::vector<std::string> byte_level_regexes(const nlohmann::json& pre, const std::string& path) {
+  std::vector<std::string> out;
+  int byte_level = 0;
+  if (pre.value("type", "") == "Sequence") {
+    for (const auto& step : pre.at("pretokenizers")) byte_level += add_pre_step(step, out, path);
+  } else {
+    byte_level += add_pre_step(pre, out, path);
+  }
+  check(byte_level == 1, "{}: expected one ByteLevel step in the pre-tokenizer", path);
+  return out;
+}
+
+// A byte-level tokenizer.json's normalizer: none or NFC.
+bool byte_level_nfc(const nlohmann::json& j, const std::string& path) {
+  const auto& norm = j.value("normalizer", nlohmann::json());
+  if (norm.is_null()) return false;
+  check(norm.value("type", "") == "NFC", "{}: a '{}' normalizer on a byte-level BPE is unsupported (NFC is)", path,
+        norm.value("type", ""));
+  return true;
+}
+
 }  // namespace
 
 Vocab vocab_from_gguf(const GgufFile& g) {
@@ -178,9 +231,14 @@ Vocab vocab_from_tokenizer_json(const std::string& path) {
                             j["pre_tokenizer"].dump().find("ByteLevel") != std::string::npos;
     if (byte_level) {
       v.kind = TokenizerKind::ByteLevelBpe;
-      v.pre = PreTokenizer::Gpt2;
+      v.pre_regex = byte_level_regexes(j["pre_tokenizer"], path);
+      v.nfc = byte_level_nfc(j, path);
       v.add_space_prefix = false;
     } else {
+      const auto& pre = j.value("pre_tokenizer", nlohmann::json());
+      const std::string pre_type = pre.is_object() ? pre.value("type", "") : pre.is_null() ? "" : pre.dump();
+      check(pre.is_null() || pre_type == "Metaspace",
+            "{}: unsupported pre-tokenizer '{}' for a BPE without ByteLevel (none or Metaspace)", path, pre_type);
       v.kind = TokenizerKind::CharBpe;
       v.add_space_prefix = j.contains("normalizer") && j["normalizer"].dump().find("Prepend") != std::string::npos;
     }

@@ -117,6 +117,7 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
   if (vocab_.attrs.size() != n) vocab_.attrs.assign(n, TokenAttr::Normal);
   if (vocab_.scores.size() != n) vocab_.scores.assign(n, 0.0f);
   byte_to_token_.assign(256, -1);
+  pre_regex_ = vocab_.pre_regex.empty() ? pre_tokenizer_regexes(vocab_.pre) : vocab_.pre_regex;
   for (int32_t id = 0; id < static_cast<int32_t>(n); ++id) {
     token_to_id_.emplace(vocab_.tokens[id], id);
     const auto attr = vocab_.attrs[id];
@@ -195,7 +196,7 @@ void Tokenizer::encode_fragment(std::string_view text, bool first_fragment, std:
       for (const auto& word : wordpiece_words(text, vocab_.wordpiece)) encode_wordpiece_word(word, out);
       return;
     case TokenizerKind::ByteLevelBpe:
-      for (const auto& word : pre_tokenize(vocab_.pre, text)) {
+      for (const auto& word : pre_tokenize(pre_regex_, vocab_.nfc ? nfc_normalize(text) : std::string(text))) {
         std::string mapped;
         for (unsigned char b : word) mapped += byte_to_unicode(b);
         encode_bpe_word(mapped, out);

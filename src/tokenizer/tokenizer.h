@@ -30,6 +30,8 @@ struct Vocab {
   std::vector<TokenAttr> attrs;
   std::unordered_map<std::string, int32_t> merge_ranks;  // "left right" -> rank (BPE kinds)
   PreTokenizer pre = PreTokenizer::None;
+  std::vector<std::string> pre_regex;  // byte-level BPE: a tokenizer.json's own split regexes (else `pre`'s)
+  bool nfc = false;                    // byte-level BPE: NFC-normalize the text first (tokenizer.json's NFC)
   bool add_space_prefix = true;  // SPM: prefix the text with a space (as U+2581)
   bool ignore_merges = false;    // BPE: a pre-token that is a whole token is emitted as-is
   WordPieceOptions wordpiece;    // WordPiece: normalization (its tokens are spelled as GGUF spells them,
@@ -63,6 +65,7 @@ class Tokenizer {
  private:
   Vocab vocab_;
   std::unordered_map<std::string, int32_t> token_to_id_;
+  std::vector<std::string> pre_regex_;      // byte-level BPE: the split regexes in use
   std::vector<int32_t> special_by_length_;  // control / user-defined tokens, longest first
   std::vector<int32_t> byte_to_token_;      // SPM/CharBpe byte fallback ids (or -1)
 

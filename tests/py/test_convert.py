@@ -295,3 +295,11 @@ def test_gemma3_converts_and_runs(tmp_path):
     assert r.fields["gemma3.attention.sliding_window"].contents() == 512
     g = run("generate", "-m", out, "-p", "Once upon a time", "-n", "4", "--temp", "0", "-t", "2", timeout=60)
     assert g.returncode == 0
+
+
+def test_tokenizer_json_splits_with_its_own_regex(qwen):
+    """The Qwen2.5 tokenizer.json is split with its own Split regex (issue #41): Hugging Face gives these ids;
+    the GPT-2 split Serval used before gave 750 75698 7 77 1648."""
+    d = qwen.parent / "qwen2-tiny"
+    for model in (d, qwen):
+        assert run("tokenize", "-m", model, "--no-bos", "-p", "def fibonacci(n):").stdout.split() == ["750", "75698", "1445", "1648"]

@@ -336,5 +336,35 @@ TEST(HfConfig, BadFieldsGiveErrors) {
   std::filesystem::remove(path);
 }
 
+// RoPE spelled as transformers 4 (rope_theta, rope_scaling) or 5 (rope_parameters) gives the same
+// config; a type Serval does not implement, or a set without its base, is refused, never defaulted.
+TEST(HfConfig, RopeParametersOfTransformers5) {
+  const auto path = std::filesystem::temp_directory_path() / "serval-test-rope.json";
+  auto load = [&](const std::string& extra) {
+    std::ofstream(path) << R"({"model_type":"qwen2","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,)"
+                        << R"("intermediate_size":16,"vocab_size":16)" << extra << "}";
+    return config_from_hf(path.string());
+  };
+  EXPECT_EQ(load("").rope_base, 10000.0f);  // neither spelling: transformers' own default
+  EXPECT_EQ(load(R"(,"rope_theta":1000000.0)").rope_base, 1e6f);
+  EXPECT_EQ(load(R"(,"rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"})").rope_base, 1e6f);
+  const auto linear = load(R"(,"rope_parameters":{"rope_theta":500000.0,"rope_type":"linear","factor":4.0})");
+  EXPECT_EQ(linear.rope_base, 5e5f);
+  EXPECT_EQ(linear.rope_linear_scale, 4.0f);
+  const auto per_type = load(R"(,"rope_parameters":{"full_attention":{"rope_theta":1000000.0,"rope_type":"default"},)"
+                             R"("sliding_attention":{"rope_theta":10000.0,"rope_type":"default"}})");
+  EXPECT_EQ(per_type.rope_base, 1e6f);
+  EXPECT_EQ(per_type.rope_base_swa, 1e4f);
+  EXPECT_THROW(load(R"(,"rope_parameters":{"rope_type":"default"})"), Error);  // no base
+  EXPECT_THROW(load(R"(,"rope_parameters":{"rope_theta":1e6,"rope_type":"yarn","factor":4.0})"), Error);
+  EXPECT_THROW(load(R"(,"rope_parameters":{"rope_theta":1e6,"rope_type":"llama3","factor":8.0})"), Error);
+  EXPECT_THROW(load(R"(,"rope_scaling":{"rope_type":"dynamic","factor":2.0})"), Error);
+  EXPECT_THROW(load(R"(,"rope_parameters":{"full_attention":{"rope_type":"default"}})"), Error);
+  EXPECT_THROW(load(R"(,"rope_parameters":{"chunked_attention":{"rope_theta":1e4}})"), Error);
+  EXPECT_THROW(load(R"(,"rope_parameters":"default")"), Error);
+  EXPECT_THROW(load(R"(,"rope_theta":"big")"), Error);
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace serval

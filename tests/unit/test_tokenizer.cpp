@@ -2,6 +2,10 @@
 // on random Unicode text, special tokens and the streaming UTF-8 behaviour of pieces.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "base/utf8.h"
@@ -206,6 +210,88 @@ TEST(WordPiece, GreedyLongestMatchAndUnknownWords) {
   EXPECT_EQ(wordpiece_to_phantom("##ing"), "ing");
   EXPECT_EQ(wordpiece_to_phantom("[MASK]"), "[MASK]");
   EXPECT_EQ(wordpiece_to_phantom("the"), "\xE2\x96\x81the");
+}
+
+// Byte-level BPE tokenizer.json files split with their own pre-tokenizer: toy vocabularies trained by
+// Hugging Face tokenizers with the pre_tokenizer (and normalizer) blocks of real families' files;
+// expected ids from Hugging Face tokenizers (tests/data/tokenizers/record.py).
+class PreTokenizerJsonTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static std::string dir() { return std::string(SERVAL_SOURCE_DIR) + "/tests/data/tokenizers/"; }
+  static nlohmann::json read(const std::string& name) { return nlohmann::json::parse(test::read_file(dir() + name)); }
+  void expect_reference_ids(const Tokenizer& tok) const {
+    const auto texts = read("corpus.json")["texts"];
+    const auto expected = read("reference.json")[GetParam()];
+    ASSERT_EQ(texts.size(), expected.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const std::string text = texts[i].get<std::string>();
+      EXPECT_EQ(tok.encode(text, false, false), expected[i].get<std::vector<int32_t>>()) << GetParam() << " #" << i << ": '" << text << "'";
+    }
+  }
+};
+
+TEST_P(PreTokenizerJsonTest, MatchesHuggingFaceIds) {
+  const Vocab v = vocab_from_tokenizer_json(dir() + GetParam() + ".tokenizer.json");
+  EXPECT_EQ(v.kind, TokenizerKind::ByteLevelBpe);
+  EXPECT_EQ(v.nfc, GetParam() == "qwen2");
+  expect_reference_ids(Tokenizer(v));
+}
+
+// The named pre-tokenizers a GGUF file selects (tokenizer.ggml.pre) split as the families' own regexes.
+TEST_P(PreTokenizerJsonTest, NamedPreTokenizerSplitsTheSame) {
+  static const std::map<std::string, std::string> gguf_name = {
+      {"qwen2", "qwen2"}, {"llama3", "llama-bpe"}, {"gpt2", "gpt-2"}, {"o200k", "gpt-4o"}, {"deepseek-llm", "deepseek-llm"}};
+  const auto it = gguf_name.find(GetParam());
+  if (it == gguf_name.end()) GTEST_SKIP() << "no GGUF name for this split sequence";
+  Vocab v = vocab_from_tokenizer_json(dir() + GetParam() + ".tokenizer.json");
+  EXPECT_EQ(pre_tokenizer_name_of(v.pre_regex), it->second);
+  v.pre = pre_tokenizer_from_name(it->second);
+  v.pre_regex.clear();
+  expect_reference_ids(Tokenizer(v));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PreTokenizerJsonTest,
+                         ::testing::Values("qwen2", "llama3", "gpt2", "o200k", "deepseek-llm", "digits-llama3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// A pre-tokenizer Serval cannot reproduce is refused with the file's name, never replaced by GPT-2's.
+TEST(Tokenizer, UnsupportedPreTokenizerIsRefused) {
+  auto base = nlohmann::json::parse(test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/tokenizers/qwen2.tokenizer.json"));
+  const std::string path = testing::TempDir() + "/pre_tokenizer_refused.json";
+  auto refused = [&](const nlohmann::json& pre, const std::string& why) {
+    auto j = base;
+    j["pre_tokenizer"] = pre;
+    std::ofstream(path) << j.dump();
+    try {
+      vocab_from_tokenizer_json(path);
+      ADD_FAILURE() << "accepted: " << pre.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  auto split = [](const std::string& re, const std::string& behavior) {
+    return nlohmann::json{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", behavior}, {"invert", false}};
+  };
+  refused({{"type", "Sequence"}, {"pretokenizers", {split("\\p{L}+", "MergedWithPrevious"), byte_level}}}, "MergedWithPrevious");
+  refused({{"type", "Sequence"}, {"pretokenizers", {split("[a-", "Isolated"), byte_level}}}, "does not compile");
+  refused({{"type", "Sequence"}, {"pretokenizers", {{{"type", "Whitespace"}}, byte_level}}}, "Whitespace");
+  refused({{"type", "ByteLevel"}, {"add_prefix_space", true}}, "add_prefix_space");
+  refused({{"type", "Sequence"}, {"pretokenizers", {split("\\s+", "Isolated")}}}, "without ByteLevel");
+  refused({{"type", "Sequence"}, {"pretokenizers", {byte_level, byte_level}}}, "one ByteLevel");
+  base["normalizer"] = {{"type", "NFKC"}};
+  refused({{"type", "ByteLevel"}, {"use_regex", true}}, "NFKC");
+}
+
+TEST(Tokenizer, NfcComposesOnlyWhatItShould) {
+  EXPECT_EQ(nfc_normalize("Cafe\xCC\x81"), "Caf\xC3\xA9");  // e + U+0301 -> U+00E9
+  EXPECT_EQ(nfc_normalize("plain ascii"), "plain ascii");
+  EXPECT_EQ(nfc_normalize("\xE2\x84\xA6"), "\xCE\xA9");  // U+2126 OHM SIGN is a singleton: U+03A9
+  EXPECT_EQ(nfc_normalize("bad \xFF utf-8"), "bad \xFF utf-8");  // left as it is
 }
 
 }  // namespace
