@@ -522,6 +522,10 @@ EngineStats Engine::stats() const {
     s.reserved_slots += r->kv.blocks_held() * config_.block_size;
     s.used_slots += r->num_computed_tokens * kv_->n_groups();
   }
+  const ModelConfig& mc = model_.config();
+  s.expert_tokens.assign(size_t(mc.n_expert), 0);
+  for (int64_t il = 0; il < mc.n_layer; ++il)
+    for (int64_t e = 0; e < mc.n_expert; ++e) s.expert_tokens[size_t(e)] += model_.expert_tokens(il, e);
   return s;
 }
 

@@ -40,6 +40,8 @@ struct EngineStats {
   int64_t blocks_total = 0, blocks_free = 0, blocks_cached_free = 0;
   int64_t reserved_slots = 0, used_slots = 0;  // KV slots held by requests vs tokens they hold
   SpecStats spec;
+  // Mixture of experts: tokens each expert has run since load, summed over the layers (empty: dense).
+  std::vector<uint64_t> expert_tokens;
 };
 
 // How the KV cache is laid out, printed at start-up.

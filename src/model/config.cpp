@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fmt/ranges.h>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -41,13 +44,21 @@ void ModelConfig::validate(const std::string& src) const {
   check(std::isfinite(rope_linear_scale) && rope_linear_scale > 0, "{}: bad RoPE scaling factor {}", src,
         rope_linear_scale);
   check(static_cast<int64_t>(layer_is_swa.size()) == n_layer, "{}: internal: sliding-window flags", src);
+  check(layer_is_moe.empty() || static_cast<int64_t>(layer_is_moe.size()) == n_layer, "{}: internal: MoE flags", src);
+  if (n_expert > 0) {
+    check(n_expert <= 4096 && n_expert_used >= 1 && n_expert_used <= n_expert,
+          "{}: {} experts with {} used per token is not a valid mixture of experts", src, n_expert, n_expert_used);
+    check(n_ff_exp > 0 && n_ff_exp <= (1 << 22) && n_ff_shexp >= 0 && n_ff_shexp <= (1 << 22),
+          "{}: expert FFN width {} (shared {}) out of range", src, n_ff_exp, n_ff_shexp);
+  }
 }
 
 ModelConfig config_from_gguf(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3")
-    fail("{}: unsupported architecture '{}' (supported: llama, qwen2, gemma3)", g.path(), c.arch);
+  static const std::set<std::string> supported = {"llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe"};
+  if (!supported.count(c.arch))
+    fail("{}: unsupported architecture '{}' (supported: {})", g.path(), c.arch, fmt::join(supported, ", "));
   const std::string a = c.arch + ".";
   c.n_embd = g.get_int(a + "embedding_length");
   c.n_layer = g.get_int(a + "block_count");
@@ -70,11 +81,25 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: block_count {} is out of range", g.path(), c.n_layer);
   c.layer_is_swa.assign(c.n_layer, 0);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
-  if (c.arch == "qwen2") c.rope_style = RopeStyle::Neox;
+  if (c.arch == "qwen2" || c.arch == "qwen2moe") c.attn_bias = true;
+  if (c.arch != "llama") c.rope_style = RopeStyle::Neox;  // llama.cpp's NEOX archs (no Q/K permutation)
+  if (c.arch == "gemma3" || c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "olmoe") c.qk_norm = true;
+  c.qk_norm_whole = c.arch == "olmoe";
+  if (auto n = g.find_int(a + "expert_count"); n && *n > 0) {  // Mixtral is llama with experts
+    c.n_expert = *n;
+    c.n_expert_used = g.get_int(a + "expert_used_count");
+    c.n_ff_exp = g.find_int(a + "expert_feed_forward_length").value_or(c.n_ff);
+    c.n_ff_shexp = g.find_int(a + "expert_shared_feed_forward_length").value_or(0);
+    // llama.cpp renormalizes the chosen weights for Mixtral and Qwen3-MoE, not for Qwen2-MoE and OLMoE.
+    c.expert_weights_norm = g.find_bool(a + "expert_weights_norm").value_or(c.arch == "llama" || c.arch == "qwen3moe");
+    // A layer is MoE where the file has its router (Qwen's mlp_only_layers stay dense).
+    c.layer_is_moe.assign(c.n_layer, 0);
+    for (int64_t il = 0; il < c.n_layer && il < kMaxLayers; ++il)
+      c.layer_is_moe[il] = g.find_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", il)) != nullptr;
+  }
   if (c.arch == "gemma3") {
-    c.rope_style = RopeStyle::Neox;
     c.ffn_act = FfnActivation::GeluTanh;
-    c.qk_norm = c.post_norms = true;
+    c.post_norms = true;
     c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
     c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
     c.rope_base_swa = static_cast<float>(g.find_float(a + "rope.freq_base_swa").value_or(10000.0));
@@ -154,6 +179,27 @@ HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
   return r;
 }
 
+namespace {
+// The experts of a Qwen2/Qwen3-MoE or OLMoE config.json (num_experts, or num_local_experts as
+// transformers 5 spells it for Qwen3-MoE); every layer is MoE unless mlp_only_layers or
+// decoder_sparse_step say otherwise.
+void read_hf_moe(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
+  c.n_expert = json_int_or(j, "num_experts", json_int_or(j, "num_local_experts", 0, path), path);
+  if (c.n_expert <= 0) return;
+  check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: num_hidden_layers {} is out of range", path, c.n_layer);
+  c.n_expert_used = json_int(j, "num_experts_per_tok", path);
+  c.n_ff_exp = json_int_or(j, "moe_intermediate_size", c.n_ff, path);
+  c.n_ff_shexp = json_int_or(j, "shared_expert_intermediate_size", 0, path);
+  c.expert_weights_norm = j.value("norm_topk_prob", false);
+  const int64_t step = json_int_or(j, "decoder_sparse_step", 1, path);
+  check(step >= 1, "{}: decoder_sparse_step must be at least 1", path);
+  std::set<int64_t> dense;
+  for (const auto& v : j.value("mlp_only_layers", nlohmann::json::array())) dense.insert(v.get<int64_t>());
+  c.layer_is_moe.assign(c.n_layer, 0);
+  for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_moe[il] = !dense.count(il) && (il + 1) % step == 0;
+}
+}  // namespace
+
 ModelConfig config_from_hf(const std::string& path) {
   nlohmann::json j;
   try {
@@ -164,8 +210,11 @@ ModelConfig config_from_hf(const std::string& path) {
   ModelConfig c;
   try {
     const std::string type = j.value("model_type", "");
-    check(type == "llama" || type == "qwen2", "{}: unsupported model_type '{}' (llama, qwen2)", path, type);
-    c.arch = type;
+    static const std::map<std::string, std::string> archs = {{"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
+        {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}};
+    const auto arch = archs.find(type);
+    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe)", path, type);
+    c.arch = arch->second;
     c.n_embd = json_int(j, "hidden_size", path);
     c.n_layer = json_int(j, "num_hidden_layers", path);
     c.n_head = json_int(j, "num_attention_heads", path);
@@ -175,6 +224,10 @@ ModelConfig config_from_hf(const std::string& path) {
     c.n_ctx_train = json_int_or(j, "max_position_embeddings", 2048, path);
     c.d_head = json_int_or(j, "head_dim", c.n_head > 0 ? c.n_embd / c.n_head : 0, path);
     c.norm_eps = j.value("rms_norm_eps", 1e-6f);
+    read_hf_moe(j, path, c);
+    c.attn_bias = c.arch == "qwen2" || (c.arch == "qwen2moe" && j.value("qkv_bias", true));
+    c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "olmoe";
+    c.qk_norm_whole = c.arch == "olmoe";
     const HfRope rope = hf_rope(j, path);
     c.rope_base = rope.theta;
     c.rope_base_swa = rope.theta_swa;

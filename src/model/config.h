@@ -36,8 +36,19 @@ struct ModelConfig {
   float attn_scale = 1.0f;
   float embd_scale = 1.0f;
   FfnActivation ffn_act = FfnActivation::Silu;
-  bool qk_norm = false;     // per-head RMSNorm of Q and K (Gemma 3)
-  bool post_norms = false;  // RMSNorm after attention and after the FFN (Gemma 3)
+  bool qk_norm = false;        // RMSNorm of Q and K before RoPE (Gemma 3, Qwen3: per head; OLMoE: whole)
+  bool qk_norm_whole = false;  // the norm spans all heads (q_dim, kv_dim values) instead of one head
+  bool post_norms = false;     // RMSNorm after attention and after the FFN (Gemma 3)
+  bool attn_bias = false;      // Q, K and V biases are required (Qwen2, Qwen2-MoE)
+
+  // Mixture of experts: layers with layer_is_moe[il] route each token to n_expert_used of n_expert
+  // experts (SwiGLU FFNs of width n_ff_exp) by a softmax over the router's logits; the chosen
+  // probabilities are renormalized to sum to 1 when expert_weights_norm. n_ff_shexp > 0: a shared
+  // expert every token also runs, scaled by sigmoid(gate . x) (Qwen2-MoE).
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  bool expert_weights_norm = false;
+  std::vector<uint8_t> layer_is_moe;
+  bool is_moe() const { return n_expert > 0; }
 
   ShardLayout shard;        // this process's share (Model::load's LoadOptions); the whole model by default
 

@@ -35,13 +35,24 @@ class GgufModel : public Model {
   GgufFile file_;
 };
 
-// GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 layout).
+// GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 / Qwen3 / their MoE layouts).
 std::string hf_name(const std::string& gguf_name) {
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex(R"(token_embd\.weight)"), "model.embed_tokens.weight"},
       {std::regex(R"(output_norm\.weight)"), "model.norm.weight"},
       {std::regex(R"(output\.weight)"), "lm_head.weight"},
       {std::regex(R"(blk\.(\d+)\.attn_norm\.(\w+))"), "model.layers.$1.input_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_q_norm\.(\w+))"), "model.layers.$1.self_attn.q_norm.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_k_norm\.(\w+))"), "model.layers.$1.self_attn.k_norm.$2"},
+      // Mixture of experts: one tensor per expert (Qwen2/Qwen3-MoE, OLMoE), the router, the shared expert.
+      {std::regex(R"(blk\.(\d+)\.ffn_gate\.(\d+)\.(\w+))"), "model.layers.$1.mlp.experts.$2.gate_proj.$3"},
+      {std::regex(R"(blk\.(\d+)\.ffn_up\.(\d+)\.(\w+))"), "model.layers.$1.mlp.experts.$2.up_proj.$3"},
+      {std::regex(R"(blk\.(\d+)\.ffn_down\.(\d+)\.(\w+))"), "model.layers.$1.mlp.experts.$2.down_proj.$3"},
+      {std::regex(R"(blk\.(\d+)\.ffn_gate_inp\.(\w+))"), "model.layers.$1.mlp.gate.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_gate_inp_shexp\.(\w+))"), "model.layers.$1.mlp.shared_expert_gate.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_gate_shexp\.(\w+))"), "model.layers.$1.mlp.shared_expert.gate_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_up_shexp\.(\w+))"), "model.layers.$1.mlp.shared_expert.up_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_down_shexp\.(\w+))"), "model.layers.$1.mlp.shared_expert.down_proj.$2"},
       {std::regex(R"(blk\.(\d+)\.attn_q\.(\w+))"), "model.layers.$1.self_attn.q_proj.$2"},
       {std::regex(R"(blk\.(\d+)\.attn_k\.(\w+))"), "model.layers.$1.self_attn.k_proj.$2"},
       {std::regex(R"(blk\.(\d+)\.attn_v\.(\w+))"), "model.layers.$1.self_attn.v_proj.$2"},
@@ -102,6 +113,7 @@ std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& op
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
   std::unique_ptr<Model> m = open_model(path, options);
   m->k_centres_ = m->compute_k_centres();
+  m->expert_tokens_ = std::vector<std::atomic<uint64_t>>(size_t(m->config_.n_layer * m->config_.n_expert));
   return m;
 }
 

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "model/moe.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 
@@ -228,7 +229,10 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   parallel_for(n_tok, [&](int64_t t) {
     float* qt = q.data() + t * q_dim;
     float* kt = k.data() + t * kv_dim;
-    if (c.qk_norm) {
+    if (c.qk_norm_whole) {  // OLMoE: one norm over all heads
+      rms_norm(qt, L.q_norm.data(), qt, q_dim, c.norm_eps);
+      rms_norm(kt, L.k_norm.data(), kt, kv_dim, c.norm_eps);
+    } else if (c.qk_norm) {
       for (int64_t hd = 0; hd < n_head; ++hd) rms_norm(qt + hd * c.d_head, L.q_norm.data(), qt + hd * c.d_head, c.d_head, c.norm_eps);
       for (int64_t hd = 0; hd < n_head_kv; ++hd) rms_norm(kt + hd * c.d_head, L.k_norm.data(), kt + hd * c.d_head, c.d_head, c.norm_eps);
     }
@@ -260,6 +264,12 @@ void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, Sha
   const auto& c = config_;
   const int64_t n_tok = int64_t(batch.size());
   const auto& L = weights_.layers[il];
+  if (!L.exp_gate.empty()) {
+    std::vector<float> h(n_tok * c.n_embd), out(n_tok * c.n_embd);
+    rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
+    moe_ffn(c, L, h.data(), n_tok, out.data(), expert_tokens_.data() + il * c.n_expert);
+    return add_rows(x.data(), out.data(), n_tok, c.n_embd);
+  }
   const int64_t n_ff = L.w_gate.rows;  // this rank's FFN columns
   std::vector<float> h(n_tok * c.n_embd), gate(n_tok * n_ff), up(n_tok * n_ff), down(n_tok * c.n_embd);
   rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);

@@ -1,5 +1,6 @@
 // A loaded model (config, weights, tokenizer) and its forward pass over one flattened batch.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -180,6 +181,10 @@ class Model {
   // Per layer, this rank's kv_dim centre (empty where the layer has no K bias or uses QK-norm): the
   // layer's K bias rotated by RoPE and averaged over positions 0 .. n_ctx_train - 1.
   const std::vector<std::vector<float>>& k_centres() const { return k_centres_; }
+  // Mixture of experts: tokens each expert of each layer has run since load ([layer][expert]).
+  uint64_t expert_tokens(int64_t layer, int64_t expert) const {
+    return expert_tokens_[size_t(layer * config_.n_expert + expert)].load(std::memory_order_relaxed);
+  }
 
  protected:
   Model() = default;
@@ -195,6 +200,7 @@ class Model {
   // The centre subtracted from layer il's keys before `kv` stores them, or null.
   const float* k_centre(int64_t il, const KvCache& kv) const;
   std::vector<std::vector<float>> k_centres_;
+  mutable std::vector<std::atomic<uint64_t>> expert_tokens_;  // [layer][expert], counted by forward
   KCentring k_centring_ = KCentring::QuantizedCaches;
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
   // y[t] += factor * B (A x[t]) for each token t whose adapter changes layer il's `target`; x is

@@ -36,7 +36,8 @@ class Binder {
   std::vector<float> vector(const std::string& name, int64_t n, bool required = true) {
     const TensorRef* t = find(name, required);
     if (!t) return {};
-    expect_shape(*t, {uint64_t(n)});
+    if (t->ne.size() == 2 && t->ne[1] == 1) expect_shape(*t, {uint64_t(n), 1});  // a [1, n] matrix: one row
+    else expect_shape(*t, {uint64_t(n)});
     bytes_ += t->nbytes;
     std::vector<float> out(n);
     dequantize_row(t->type, t->data, out.data(), n);
@@ -48,6 +49,22 @@ class Binder {
   const std::string& source_;
   uint64_t& bytes_;
 };
+
+// The experts' matrices [rows, cols] of one kind: slices of llama.cpp's 3-D tensor `stacked`
+// ([cols, rows, n_expert]), or else one tensor per expert named `each` with {} for the expert.
+std::vector<WeightMatrix> expert_matrices(Binder& b, const std::string& stacked, const std::string& each, int64_t n_expert,
+                                          int64_t rows, int64_t cols) {
+  std::vector<WeightMatrix> out;
+  if (const TensorRef* t = b.find(stacked, false)) {
+    b.expect_shape(*t, {uint64_t(cols), uint64_t(rows), uint64_t(n_expert)});
+    const size_t stride = row_bytes(t->type, cols);
+    for (int64_t e = 0; e < n_expert; ++e)
+      out.push_back({t->type, rows, cols, t->data + size_t(e) * size_t(rows) * stride, stride});
+    return out;
+  }
+  for (int64_t e = 0; e < n_expert; ++e) out.push_back(b.matrix(fmt::format(fmt::runtime(each), e), rows, cols));
+  return out;
+}
 
 // Rows [r0, r1) of `m` (no copy).
 WeightMatrix rows_of(WeightMatrix m, int64_t r0, int64_t r1) {
@@ -87,6 +104,20 @@ std::vector<float> slice(const std::vector<float>& v, int64_t begin, int64_t end
   return std::vector<float>(v.begin() + begin, v.begin() + end);
 }
 
+// A mixture-of-experts layer's router, experts and shared expert (never split: --tp is refused).
+void bind_moe(const ModelConfig& c, Binder& b, const std::string& p, LayerWeights& L) {
+  L.router = b.matrix(p + "ffn_gate_inp.weight", c.n_expert, c.n_embd);
+  L.exp_gate = expert_matrices(b, p + "ffn_gate_exps.weight", p + "ffn_gate.{}.weight", c.n_expert, c.n_ff_exp, c.n_embd);
+  L.exp_up = expert_matrices(b, p + "ffn_up_exps.weight", p + "ffn_up.{}.weight", c.n_expert, c.n_ff_exp, c.n_embd);
+  L.exp_down = expert_matrices(b, p + "ffn_down_exps.weight", p + "ffn_down.{}.weight", c.n_expert, c.n_embd, c.n_ff_exp);
+  if (c.n_ff_shexp > 0) {
+    L.sh_gate = b.matrix(p + "ffn_gate_shexp.weight", c.n_ff_shexp, c.n_embd);
+    L.sh_up = b.matrix(p + "ffn_up_shexp.weight", c.n_ff_shexp, c.n_embd);
+    L.sh_down = b.matrix(p + "ffn_down_shexp.weight", c.n_embd, c.n_ff_shexp);
+    L.sh_router = b.vector(p + "ffn_gate_inp_shexp.weight", c.n_embd);
+  }
+}
+
 // The attention weights of this rank's heads and its FFN columns (all of them without a split).
 void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   const std::string p = fmt::format("blk.{}.", il);
@@ -100,19 +131,20 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   L.wk = rows_of(b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd), k0, k1);
   L.wv = rows_of(b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd), k0, k1);
   L.wo = cols_of(b.matrix(p + "attn_output.weight", c.n_embd, c.q_dim()), q0, q1, p + "attn_output.weight");
-  const bool bias_required = c.arch == "qwen2";
+  const bool bias_required = c.attn_bias;
   L.bq = slice(b.vector(p + "attn_q.bias", c.q_dim(), bias_required), q0, q1);
   L.bk = slice(b.vector(p + "attn_k.bias", c.kv_dim(), bias_required), k0, k1);
   L.bv = slice(b.vector(p + "attn_v.bias", c.kv_dim(), bias_required), k0, k1);
   if (c.qk_norm) {
-    L.q_norm = b.vector(p + "attn_q_norm.weight", c.d_head);
-    L.k_norm = b.vector(p + "attn_k_norm.weight", c.d_head);
+    L.q_norm = b.vector(p + "attn_q_norm.weight", c.qk_norm_whole ? c.q_dim() : c.d_head);
+    L.k_norm = b.vector(p + "attn_k_norm.weight", c.qk_norm_whole ? c.kv_dim() : c.d_head);
   }
   if (c.post_norms) {
     L.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.n_embd);
     L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.n_embd);
   }
   L.ffn_norm = b.vector(p + "ffn_norm.weight", c.n_embd);
+  if (!c.layer_is_moe.empty() && c.layer_is_moe[il]) return bind_moe(c, b, p, L);
   L.w_down = b.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
   const auto [f0, f1] = split ? ffn_share(c.n_ff, int64_t(dtype_info(L.w_down.type).block_elems), s.tp, s.tp_rank)
                               : std::pair<int64_t, int64_t>(0, c.n_ff);
@@ -127,6 +159,7 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
   ModelWeights w;
   Binder b(lookup, source, w.weight_bytes);
   const ShardLayout& s = c.shard;
+  check(!s.split() || !c.is_moe(), "{}: a mixture-of-experts model cannot be split with --tp / --pp yet", source);
   w.tok_embd = b.matrix("token_embd.weight", c.n_vocab, c.n_embd);
   if (!s.split() || s.first_stage()) w.weight_bytes += matrix_bytes(w.tok_embd);
   w.output_norm = b.vector("output_norm.weight", c.n_embd);
@@ -143,7 +176,10 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
     if (!c.owns_layer(il)) continue;  // another stage's: not bound, so its pages are never read
     LayerWeights& L = w.layers[size_t(il)];
     bind_layer(c, b, il, L);
-    for (WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+    std::vector<WeightMatrix*> mats = {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down};
+    for (auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down})
+      for (WeightMatrix& m : *experts) mats.push_back(&m);
+    for (WeightMatrix* m : mats) {
       w.weight_bytes += matrix_bytes(*m);
       cpu::prepare_weights(*m);
       if (s.split()) release_file_pages(*m);

@@ -22,6 +22,11 @@ struct LayerWeights {
   std::vector<float> ffn_norm;        // [n_embd]
   WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]
   std::vector<float> post_ffn_norm;   // [n_embd] (Gemma 3)
+  // Mixture-of-experts layers (ModelConfig::layer_is_moe) instead of w_gate, w_up, w_down:
+  WeightMatrix router;                                   // [n_expert, n_embd]
+  std::vector<WeightMatrix> exp_gate, exp_up, exp_down;  // per expert: [n_ff_exp, n_embd] x2, [n_embd, n_ff_exp]
+  WeightMatrix sh_gate, sh_up, sh_down;                  // shared expert (n_ff_shexp > 0)
+  std::vector<float> sh_router;                          // [n_embd]: the shared expert's sigmoid gate
 };
 
 struct ModelWeights {

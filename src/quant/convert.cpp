@@ -79,13 +79,15 @@ Checkpoint open_checkpoint(const fs::path& dir) {
 std::string arch_of(const json& config, const std::string& path) {
   static const std::map<std::string, std::string> known = {
       {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
+      {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
+      {"OlmoeForCausalLM", "olmoe"},
       {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
   check(a.is_array() && !a.empty() && a[0].is_string(), "{}: no 'architectures' list", path);
   const auto it = known.find(a[0].get<std::string>());
   check(it != known.end(),
-        "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM, BertModel, "
-        "BertForSequenceClassification)",
+        "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+        "Qwen2MoeForCausalLM, OlmoeForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
@@ -166,14 +168,31 @@ void add_bert_hparams(GgufWriter& w, const json& c, DType outtype, const fs::pat
                 int_array(GgufValueType::INT32, c["matryoshka_dimensions"].get<std::vector<int64_t>>()));
 }
 
+// The experts' keys of Qwen2/Qwen3-MoE and OLMoE (Qwen2MoeModel / OlmoeModel), and whether the chosen
+// experts' weights are renormalized (norm_topk_prob; llama.cpp's key, which its Qwen3-MoE ignores).
+void add_moe_hparams(GgufWriter& w, const std::string& a, const json& c, const std::string& path) {
+  const char* count = c.contains("num_experts") ? "num_experts" : "num_local_experts";
+  if (!c.contains(count)) return;
+  w.add_u32(a + ".expert_count", hp_u32(c, count, path));
+  w.add_u32(a + ".expert_used_count", hp_u32(c, "num_experts_per_tok", path));
+  if (has_number(c, "moe_intermediate_size"))
+    w.add_u32(a + ".expert_feed_forward_length", hp_u32(c, "moe_intermediate_size", path));
+  if (has_number(c, "shared_expert_intermediate_size") && c["shared_expert_intermediate_size"].get<int64_t>() > 0)
+    w.add_u32(a + ".expert_shared_feed_forward_length", hp_u32(c, "shared_expert_intermediate_size", path));
+  w.add_value(a + ".expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", false)});
+}
+
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
 void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType outtype, const std::string& path) {
   if (arch == "bert") return;  // add_bert_hparams
   if (arch != "gemma3") {
     add_common_hparams(w, arch, c, path);
     w.add_u32("general.file_type", file_type_of(outtype));
+    add_moe_hparams(w, arch, c, path);
   }
-  if (arch == "llama") {
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" || arch == "qwen2moe" || arch == "olmoe") {
+    add_linear_rope_scaling(w, arch, c, path);
+  } else if (arch == "llama") {
     w.add_u32("llama.vocab_size", hp_u32(c, "vocab_size", path));
     const uint32_t n_head = hp_u32(c, "num_attention_heads", path);
     w.add_u32("llama.rope.dimension_count",
@@ -375,6 +394,7 @@ std::vector<float> to_floats(const TensorRef& t) {
 
 struct ArchInfo {
   std::string arch;
+  int64_t n_expert = 0;
   uint64_t n_head = 0, n_head_kv = 0;
   bool tied = false;
 };
@@ -393,19 +413,46 @@ std::vector<float> modified_values(const ArchInfo& a, const std::string& gguf_na
   return x;
 }
 
-void add_tensor(GgufWriter& w, const ArchInfo& a, const std::string& gguf_name, const TensorRef& t, DType type) {
-  const std::vector<float> x = modified_values(a, gguf_name, t);
-  const uint64_t row = t.ne[0], n_rows = t.n_rows();
+// A GGUF tensor and the checkpoint tensors it is made of: one, or the experts of a layer stacked
+// along a third dimension (expert e at index e), as llama.cpp's converter merges them.
+struct Mapped {
+  std::string name;
+  std::vector<const TensorRef*> parts;
+  std::vector<uint64_t> ne;
+};
+
+void add_tensor(GgufWriter& w, const ArchInfo& a, const Mapped& m, DType type) {
+  std::vector<float> x;
+  for (const TensorRef* t : m.parts) {
+    const std::vector<float> part = modified_values(a, m.name, *t);
+    x.insert(x.end(), part.begin(), part.end());
+  }
+  const uint64_t row = m.ne[0], n_rows = x.size() / row;
   std::vector<uint8_t> out(row_bytes(type, row) * n_rows);
   for (uint64_t r = 0; r < n_rows; ++r) quantize_row(type, x.data() + r * row, out.data() + r * row_bytes(type, row), row);
-  w.add_tensor(gguf_name, t.ne, uint32_t(type), out.data(), out.size());
+  w.add_tensor(m.name, m.ne, uint32_t(type), out.data(), out.size());
 }
 
-// The tensors of the checkpoint under their GGUF names, in the checkpoint's (sorted) order.
-std::vector<std::pair<std::string, const TensorRef*>> mapped_tensors(const ArchInfo& a, const Checkpoint& c) {
-  std::vector<std::pair<std::string, const TensorRef*>> out;
+// "model.layers.N.mlp.experts.E.gate_proj.weight" -> {"blk.N.ffn_gate_exps.weight", E}; {"", -1} otherwise.
+std::pair<std::string, int64_t> expert_tensor(const std::string& hf) {
+  static const std::regex re(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+  std::smatch m;
+  if (!std::regex_match(hf, m, re)) return {"", -1};
+  return {"blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight", std::stoll(m[2].str())};
+}
+
+// The tensors of the checkpoint under their GGUF names, in the checkpoint's (sorted) order; a layer's
+// experts become one stacked tensor where its first expert stood.
+std::vector<Mapped> mapped_tensors(const ArchInfo& a, const Checkpoint& c) {
+  std::vector<Mapped> out;
+  std::map<std::string, std::map<int64_t, const TensorRef*>> experts;
   for (const auto& [hf, t] : c.tensors) {
     if (hf.ends_with(".rotary_emb.inv_freq")) continue;
+    if (const auto [stacked, e] = expert_tensor(hf); e >= 0) {
+      check(experts[stacked].emplace(e, t).second, "expert {} of '{}' appears twice", e, stacked);
+      if (experts[stacked].size() == 1) out.push_back({stacked, {}, {}});
+      continue;
+    }
     std::string name = a.arch == "bert" ? bert_gguf_name(hf) : gguf_tensor_name(a.arch, hf);
     if (a.arch == "bert" && name.empty()) continue;  // position ids, a masked-LM head: not kept
     // Tied embeddings stored only as lm_head.weight: that is the embedding (llama.cpp's newer converters
@@ -415,13 +462,26 @@ std::vector<std::pair<std::string, const TensorRef*>> mapped_tensors(const ArchI
       name = "token_embd.weight";
     }
     check(!name.empty(), "cannot map tensor '{}' of a {} checkpoint to a GGUF name", hf, a.arch);
-    out.emplace_back(name, t);
+    std::vector<uint64_t> ne = t->ne;
+    if (name.ends_with("ffn_gate_inp_shexp.weight") && ne.size() == 2 && ne[1] == 1) ne.pop_back();  // [1, n] -> [n]
+    out.push_back({name, {t}, ne});
+  }
+  for (Mapped& m : out) {
+    if (!m.parts.empty()) continue;
+    const auto& parts = experts[m.name];
+    check(int64_t(parts.size()) == a.n_expert && parts.rbegin()->first == a.n_expert - 1,
+          "'{}': {} experts in the checkpoint, config.json says {}", m.name, parts.size(), a.n_expert);
+    for (const auto& [e, t] : parts) {
+      check(t->ne == parts.begin()->second->ne && t->ne.size() == 2, "'{}': experts of different shapes", m.name);
+      m.parts.push_back(t);
+    }
+    m.ne = {m.parts[0]->ne[0], m.parts[0]->ne[1], uint64_t(a.n_expert)};
   }
   return out;
 }
 
 // Shapes config.json implies for the main weights (GGUF order: ne[0] = columns).
-void check_shapes(const json& c, const std::vector<std::pair<std::string, const TensorRef*>>& tensors) {
+void check_shapes(const json& c, const std::vector<Mapped>& tensors) {
   const uint64_t n_embd = c.at("hidden_size"), n_head = c.at("num_attention_heads");
   const uint64_t n_kv = c.value("num_key_value_heads", n_head), d = c.value("head_dim", n_embd / n_head);
   const uint64_t n_ff = c.at("intermediate_size"), n_vocab = c.at("vocab_size");
@@ -431,11 +491,11 @@ void check_shapes(const json& c, const std::vector<std::pair<std::string, const 
       {"ffn_gate.weight", {n_embd, n_ff}},     {"ffn_up.weight", {n_embd, n_ff}},
       {"ffn_down.weight", {n_ff, n_embd}},     {"token_embd.weight", {n_embd, n_vocab}},
       {"output.weight", {n_embd, n_vocab}}};
-  for (const auto& [name, t] : tensors) {
-    const auto it = want.find(name.starts_with("blk.") ? name.substr(name.find('.', 4) + 1) : name);
+  for (const auto& m : tensors) {
+    const auto it = want.find(m.name.starts_with("blk.") ? m.name.substr(m.name.find('.', 4) + 1) : m.name);
     if (it == want.end()) continue;
-    check(t->ne == it->second, "tensor '{}' has shape [{}] but config.json implies [{}]", t->name,
-          fmt::join(t->ne, ", "), fmt::join(it->second, ", "));
+    check(m.ne == it->second, "tensor '{}' has shape [{}] but config.json implies [{}]", m.parts[0]->name,
+          fmt::join(m.ne, ", "), fmt::join(it->second, ", "));
   }
 }
 
@@ -445,6 +505,8 @@ ArchInfo arch_info(const json& c, const std::string& path) {
   a.n_head = hp_u32(c, "num_attention_heads", path);
   a.n_head_kv = has_number(c, "num_key_value_heads") ? hp_u32(c, "num_key_value_heads", path) : a.n_head;
   a.tied = c.value("tie_word_embeddings", a.arch == "gemma3");
+  for (const char* key : {"num_experts", "num_local_experts"})
+    if (c.contains(key) && c[key].is_number_integer() && !a.n_expert) a.n_expert = c[key].get<int64_t>();
   for (const char* key : {"hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers"}) hp_u32(c, key, path);
   return a;
 }
@@ -472,7 +534,9 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
       {"self_attn.o_proj", "attn_output"},  {"mlp.gate_proj", "ffn_gate"},      {"mlp.up_proj", "ffn_up"},
       {"mlp.down_proj", "ffn_down"},        {"input_layernorm", "attn_norm"},   {"self_attn.q_norm", "attn_q_norm"},
       {"self_attn.k_norm", "attn_k_norm"},  {"pre_feedforward_layernorm", "ffn_norm"},
-      {"post_feedforward_layernorm", "post_ffw_norm"}};
+      {"post_feedforward_layernorm", "post_ffw_norm"}, {"mlp.gate", "ffn_gate_inp"},
+      {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_expert.up_proj", "ffn_up_shexp"},
+      {"mlp.shared_expert.down_proj", "ffn_down_shexp"}, {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"}};
   static const std::regex re(R"((model\.layers\.(\d+)\.)?(.+)\.(weight|bias))");
   std::smatch m;
   if (!std::regex_match(hf, m, re)) return "";
@@ -484,7 +548,9 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
   std::string name;
   if (base == "post_attention_layernorm") name = arch == "gemma3" ? "post_attention_norm" : "ffn_norm";
   else if (const auto it = layer.find(base); it != layer.end()) name = it->second;
-  if (name.empty() || (arch != "gemma3" && (name == "post_ffw_norm" || name == "attn_q_norm" || name == "attn_k_norm")))
+  const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || arch == "olmoe";
+  if (name.empty() || (arch != "gemma3" && name == "post_ffw_norm") ||
+      (!qk_norm && (name == "attn_q_norm" || name == "attn_k_norm")))
     return "";
   return "blk." + m[2].str() + "." + name + suffix;
 }
@@ -494,6 +560,7 @@ DType converted_type(const std::string& name, size_t n_dims, uint64_t row_len, D
   if (n_dims <= 1 || ends_with("_norm.weight") || !ends_with(".weight")) return DType::F32;
   // Position and token-type tables stay F32 (as llama.cpp's converter keeps them): rows added to every token.
   if (name == "position_embd.weight" || name == "token_types.weight") return DType::F32;
+  if (name.ends_with("ffn_gate_inp.weight")) return DType::F32;  // MoE routers stay F32, as llama.cpp keeps them
   if (outtype == DType::Q8_0 && row_len % dtype_info(DType::Q8_0).block_elems != 0) return DType::F16;
   return outtype;
 }
@@ -534,10 +601,10 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   add_tokenizer(w, a.arch, dir, config);
   w.add_u32("general.quantization_version", kQuantizationVersion);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& [name, t] = tensors[i];
-    const DType type = converted_type(name, t->ne.size(), t->ne[0], o.outtype);
-    add_tensor(w, a, name, *t, type);
-    if (o.progress) o.progress(i + 1, tensors.size(), name, type);
+    const Mapped& m = tensors[i];
+    const DType type = converted_type(m.name, m.ne.size(), m.ne[0], o.outtype);
+    add_tensor(w, a, m, type);
+    if (o.progress) o.progress(i + 1, tensors.size(), m.name, type);
   }
   w.write(out_path);
 }

@@ -111,6 +111,18 @@ std::string Metrics::render(const EngineStats& e, const std::string& model) cons
     out += fmt::format("serval:request_success_total{{model_name=\"{}\",finished_reason=\"{}\"}} {}\n", model, reason,
                        it == finished_.end() ? 0 : it->second);
   }
+  if (!e.expert_tokens.empty()) {
+    out += "# HELP serval:moe_expert_tokens_total Tokens each expert ran, summed over the MoE layers.\n"
+           "# TYPE serval:moe_expert_tokens_total counter\n";
+    uint64_t total = 0, most = 0;
+    for (size_t i = 0; i < e.expert_tokens.size(); ++i) {
+      out += fmt::format("serval:moe_expert_tokens_total{{model_name=\"{}\",expert=\"{}\"}} {}\n", model, i, e.expert_tokens[i]);
+      total += e.expert_tokens[i], most = std::max(most, e.expert_tokens[i]);
+    }
+    const double mean = double(total) / double(e.expert_tokens.size());
+    out += gauge("moe_expert_load_max_over_mean", "Load of the busiest expert over the mean load (1: balanced).",
+                 mean > 0 ? double(most) / mean : 0.0);
+  }
   out += ttft_.render("serval:time_to_first_token_seconds", "Time to first token.");
   out += itl_.render("serval:inter_token_latency_seconds", "Time between consecutive tokens.");
   out += tpot_.render("serval:request_time_per_output_token_seconds", "Mean time per output token of a request.");

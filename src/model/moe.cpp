@@ -1,0 +1,106 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/thread_pool.h"
+#include "kernels/ops.h"
+
+namespace serval {
+namespace {
+
+// The rows of h that expert e runs ([token * k + j] entries), gathered per expert in token order.
+std::vector<std::vector<int64_t>> entries_by_expert(const MoeRouting& r, int64_t n_expert) {
+  std::vector<std::vector<int64_t>> by;
+  by.resize(size_t(n_expert));
+  for (size_t i = 0; i < r.expert.size(); ++i) by[size_t(r.expert[i])].push_back(int64_t(i));
+  return by;
+}
+
+// One expert's SwiGLU over the rows of x [m][n_embd]: y [m][n_embd].
+void expert_ffn(const WeightMatrix& gate_w, const WeightMatrix& up_w, const WeightMatrix& down_w, const float* x,
+                int64_t m, float* y) {
+  const int64_t n_ff = gate_w.rows;
+  std::vector<float> gate(size_t(m * n_ff)), up(size_t(m * n_ff));
+  const cpu::MatmulOut gate_up[] = {{&gate_w, gate.data()}, {&up_w, up.data()}};
+  cpu::matmul_many(gate_up, x, m);
+  parallel_for(m, [&](int64_t t) {
+    float* g = gate.data() + t * n_ff;
+    cpu::glu(cpu::GluKind::Silu, g, up.data() + t * n_ff, g, n_ff);
+  });
+  cpu::matmul(down_w, gate.data(), y, m);
+}
+
+// out[t] += sigmoid(gate . h[t]) * SwiGLU_shared(h[t]) (Qwen2-MoE's shared expert).
+void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out) {
+  std::vector<float> y(size_t(n_tok * c.n_embd));
+  expert_ffn(L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data());
+  parallel_for(n_tok, [&](int64_t t) {
+    const float g = 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
+    float* o = out + t * c.n_embd;
+    const float* s = y.data() + t * c.n_embd;
+    for (int64_t i = 0; i < c.n_embd; ++i) o[i] += g * s[i];
+  });
+}
+
+}  // namespace
+
+MoeRouting route_tokens(const ModelConfig& c, const float* logits, int64_t n_tok) {
+  MoeRouting r;
+  r.k = c.n_expert_used;
+  r.expert.resize(size_t(n_tok * r.k));
+  r.weight.resize(size_t(n_tok * r.k));
+  std::vector<float> p(size_t(c.n_expert));
+  std::vector<int32_t> order(size_t(c.n_expert));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::copy(logits + t * c.n_expert, logits + (t + 1) * c.n_expert, p.begin());
+    softmax_inplace(p.data(), c.n_expert);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + r.k, order.end(),
+                      [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b); });
+    float sum = 0.0f;
+    for (int64_t j = 0; j < r.k; ++j) sum += p[size_t(order[size_t(j)])];
+    for (int64_t j = 0; j < r.k; ++j) {
+      const float w = p[size_t(order[size_t(j)])];
+      r.expert[size_t(t * r.k + j)] = order[size_t(j)];
+      r.weight[size_t(t * r.k + j)] = c.expert_weights_norm ? w / sum : w;
+    }
+  }
+  return r;
+}
+
+void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out,
+             std::atomic<uint64_t>* expert_tokens) {
+  const int64_t d = c.n_embd;
+  std::vector<float> logits(size_t(n_tok * c.n_expert));
+  cpu::matmul(L.router, h, logits.data(), n_tok);
+  const MoeRouting r = route_tokens(c, logits.data(), n_tok);
+  // ys[t * k + j]: the output of token t's j-th expert, unweighted.
+  std::vector<float> ys(size_t(n_tok * r.k * d)), x, y;
+  const auto by_expert = entries_by_expert(r, c.n_expert);
+  for (int64_t e = 0; e < c.n_expert; ++e) {
+    const auto& entries = by_expert[size_t(e)];
+    if (entries.empty()) continue;
+    if (expert_tokens) expert_tokens[e].fetch_add(entries.size(), std::memory_order_relaxed);
+    const int64_t m = int64_t(entries.size());
+    x.resize(size_t(m * d));
+    y.resize(size_t(m * d));
+    for (int64_t i = 0; i < m; ++i) std::copy_n(h + entries[size_t(i)] / r.k * d, d, x.begin() + i * d);
+    expert_ffn(L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data());
+    for (int64_t i = 0; i < m; ++i) std::copy_n(y.begin() + i * d, d, ys.begin() + entries[size_t(i)] * d);
+  }
+  // Each token's experts summed in its own choice order (never in the order of the grouping).
+  parallel_for(n_tok, [&](int64_t t) {
+    float* o = out + t * d;
+    std::fill(o, o + d, 0.0f);
+    for (int64_t j = 0; j < r.k; ++j) {
+      const float w = r.weight[size_t(t * r.k + j)];
+      const float* yj = ys.data() + (t * r.k + j) * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += w * yj[i];
+    }
+  });
+  if (c.n_ff_shexp > 0) add_shared_expert(c, L, h, n_tok, out);
+}
+
+}  // namespace serval

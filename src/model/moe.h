@@ -1,0 +1,33 @@
+// Mixture-of-experts FFN: each token's experts chosen by the router, the step's tokens grouped by
+// expert, each expert's matrix products run once over its tokens (the same tiled kernels as the dense
+// FFN), and each token's expert outputs summed in a fixed order.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace serval {
+
+// The experts of each token and their weights: [token * k + j] for the token's j-th choice, in
+// descending router probability (ties: the lower expert index first).
+struct MoeRouting {
+  int64_t k = 0;
+  std::vector<int32_t> expert;
+  std::vector<float> weight;
+};
+
+// Softmax over the n_expert router logits of each token ([n_tok][n_expert]), the k most probable
+// experts, their probabilities renormalized to sum to 1 when config.expert_weights_norm.
+MoeRouting route_tokens(const ModelConfig& config, const float* logits, int64_t n_tok);
+
+// out[n_tok][n_embd] = the MoE FFN of the normed rows h[n_tok][n_embd] (routed experts plus the
+// shared expert, if any). A token's result depends only on its own row: which other tokens chose the
+// same experts changes the grouping, never the arithmetic. `expert_tokens` (n_expert counters, or
+// null) counts the tokens each expert ran.
+void moe_ffn(const ModelConfig& config, const LayerWeights& layer, const float* h, int64_t n_tok, float* out,
+             std::atomic<uint64_t>* expert_tokens = nullptr);
+
+}  // namespace serval

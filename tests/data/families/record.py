@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Records the tiny model families in this directory (not run by the test suite).
+
+Needs torch and transformers (a scratch venv outside the repository):
+    python tests/data/families/record.py
+
+For each architecture a random configuration is built with Hugging Face transformers (weights drawn
+with std 0.2 so the next-token distributions are far from uniform, then stored as F16), saved as a
+Hugging Face directory with the TinyStories-656K tokenizer, and run in F32 on the stored values:
+  <arch>/                  config.json, model.safetensors, tokenizer files
+  reference.json           {arch: [{prompt, ids, greedy, logprobs, top}]}:
+                           ids        the prompt's token ids
+                           greedy     8 tokens of greedy decoding
+                           logprobs   log-probabilities of the greedy tokens (teacher forcing)
+                           top        the last prompt position's 16 largest logits, as [id, logit]
+"""
+import json
+import pathlib
+
+import torch
+from transformers import (AutoTokenizer, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+HERE = pathlib.Path(__file__).resolve().parent
+STORIES = HERE.parents[2].parent / "shared" / "models" / "TinyStories-656K"
+PROMPTS = ["Once upon a time, there was a little girl named", "The dog ran to the park and", "Tom was sad because"]
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def families(vocab):
+    return {
+        # Qwen3: QK-norm per head, no biases, a head size that makes q_dim (128) differ from hidden (64).
+        "qwen3": Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, intermediate_size=128, head_dim=32,
+                                              rope_theta=1000000.0, **COMMON)),
+        # Qwen3-MoE: 8 experts, top 2, renormalized; layer 1 dense (mlp_only_layers) to cover both kinds.
+        "qwen3moe": Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=vocab, intermediate_size=96, head_dim=16,
+                                                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                       norm_topk_prob=True, mlp_only_layers=[1], **COMMON)),
+        # Qwen2-MoE: QKV biases, routed experts not renormalized, a shared expert behind a sigmoid gate.
+        "qwen2moe": Qwen2MoeForCausalLM(Qwen2MoeConfig(vocab_size=vocab, intermediate_size=96, num_experts=6,
+                                                       num_experts_per_tok=3, moe_intermediate_size=32,
+                                                       shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                                       **COMMON)),
+        # OLMoE: QK-norm over all heads at once, 8 experts of intermediate_size, top 2, not renormalized.
+        "olmoe": OlmoeForCausalLM(OlmoeConfig(vocab_size=vocab, intermediate_size=32, num_experts=8,
+                                              num_experts_per_tok=2, norm_topk_prob=False, pad_token_id=0,
+                                              eos_token_id=2, bos_token_id=1, **COMMON)),
+    }
+
+
+def record(model, tok):
+    rows = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = tok(prompt)["input_ids"]
+            seq = list(ids)
+            for _ in range(8):
+                seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+            logits = model(torch.tensor([seq])).logits[0].double()
+            logp = torch.log_softmax(logits, -1)
+            greedy = seq[len(ids):]
+            lp = [float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(greedy)]
+            last = logits[len(ids) - 1]
+            top = torch.topk(last, 16)
+            rows.append({"prompt": prompt, "ids": ids, "greedy": greedy, "logprobs": lp,
+                         "top": [[int(i), float(v)] for v, i in zip(top.values, top.indices)]})
+    return rows
+
+
+def main():
+    torch.manual_seed(41)
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    reference = {}
+    for name, model in families(tok.vocab_size).items():
+        model.eval()
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.2)
+        model = model.half()  # stored as F16; the reference runs in F32 on the same values
+        d = HERE / name
+        d.mkdir(exist_ok=True)
+        model.save_pretrained(d, safe_serialization=True)
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (d / f).write_bytes((STORIES / f).read_bytes())
+        reference[name] = record(model.float(), tok)
+    (HERE / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
