@@ -1,6 +1,7 @@
 // `serval info MODEL` and `serval tokenize -m MODEL -p TEXT`.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -25,8 +26,15 @@ void print_info(const std::string& path) {
   };
   count(w.tok_embd);
   if (w.output.data != w.tok_embd.data) count(w.output);
+  uint64_t idle_expert_params = 0;  // per token: the experts a token does not run
   for (const auto& L : w.layers) {
-    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*m);
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down})
+      count(*m);
+    for (const auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down})
+      for (const auto& m : *experts) count(m);
+    if (!L.exp_gate.empty())
+      idle_expert_params += uint64_t(c.n_expert - c.n_expert_used) * 3 * uint64_t(c.n_ff_exp) * uint64_t(c.n_embd);
+    n_params += L.sh_router.size();
     n_params += L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
                 L.k_norm.size() + L.post_attn_norm.size() + L.post_ffn_norm.size();
   }
@@ -40,6 +48,13 @@ void print_info(const std::string& path) {
   fmt::print("embedding:          {}\n", c.n_embd);
   fmt::print("heads / kv heads:   {} / {} (d_head {})\n", c.n_head, c.n_head_kv, c.d_head);
   fmt::print("feed-forward:       {}\n", c.n_ff);
+  if (c.is_moe()) {
+    const auto moe_layers = std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), 1);
+    fmt::print("experts:            {} ({} used per token, expert FFN {}{}{}), in {} of {} layers\n", c.n_expert,
+               c.n_expert_used, c.n_ff_exp, c.n_ff_shexp > 0 ? fmt::format(", shared expert FFN {}", c.n_ff_shexp) : "",
+               c.expert_weights_norm ? ", weights renormalized" : "", moe_layers, c.n_layer);
+    fmt::print("active parameters:  {} per token ({:.3f} B)\n", n_params - idle_expert_params, (n_params - idle_expert_params) / 1e9);
+  }
   if (c.sliding_window > 0) fmt::print("sliding window:     {}\n", c.sliding_window);
   fmt::print("matrix types:      ");
   for (const auto& [name, n] : types) fmt::print(" {} x{}", name, n);

@@ -83,7 +83,7 @@ void run_plan(const PlanOptions& o) {
     in.weight_bytes = m->weights().weight_bytes;
   } else if (!o.preset.empty()) {
     check(plan_preset(o.preset, in), "unknown preset '{}' (llama3-8b, llama3-70b, llama3-405b, llama2-7b, qwen2.5-0.5b, "
-          "qwen2.5-1.5b, qwen2.5-7b, gemma3-270m, mistral-7b)", o.preset);
+          "qwen2.5-1.5b, qwen2.5-7b, gemma3-270m, mistral-7b, qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, olmoe-1b-7b, qwen1.5-moe-a2.7b)", o.preset);
   }
   if (o.params > 0) in.n_params = o.params, in.weight_bytes.reset();
   if (o.weight_bits > 0) {

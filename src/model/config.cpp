@@ -190,7 +190,8 @@ void read_hf_moe(const nlohmann::json& j, const std::string& path, ModelConfig& 
   c.n_expert_used = json_int(j, "num_experts_per_tok", path);
   c.n_ff_exp = json_int_or(j, "moe_intermediate_size", c.n_ff, path);
   c.n_ff_shexp = json_int_or(j, "shared_expert_intermediate_size", 0, path);
-  c.expert_weights_norm = j.value("norm_topk_prob", false);
+  // Mixtral takes the softmax of the chosen logits: the same as renormalizing the chosen probabilities.
+  c.expert_weights_norm = j.value("norm_topk_prob", j.value("model_type", "") == "mixtral");
   const int64_t step = json_int_or(j, "decoder_sparse_step", 1, path);
   check(step >= 1, "{}: decoder_sparse_step must be at least 1", path);
   std::set<int64_t> dense;
@@ -211,9 +212,9 @@ ModelConfig config_from_hf(const std::string& path) {
   try {
     const std::string type = j.value("model_type", "");
     static const std::map<std::string, std::string> archs = {{"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
-        {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}};
+        {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}, {"mixtral", "llama"}};
     const auto arch = archs.find(type);
-    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe)", path, type);
+    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe)", path, type);
     c.arch = arch->second;
     c.n_embd = json_int(j, "hidden_size", path);
     c.n_layer = json_int(j, "num_hidden_layers", path);

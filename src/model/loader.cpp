@@ -67,6 +67,19 @@ std::string hf_name(const std::string& gguf_name) {
   return "";
 }
 
+// Mixtral's spelling of the same tensors (block_sparse_moe, w1 = gate, w2 = down, w3 = up), or "".
+std::string mixtral_name(const std::string& hf) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.gate_proj\.(\w+))"), "model.layers.$1.block_sparse_moe.experts.$2.w1.$3"},
+      {std::regex(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.down_proj\.(\w+))"), "model.layers.$1.block_sparse_moe.experts.$2.w2.$3"},
+      {std::regex(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.up_proj\.(\w+))"), "model.layers.$1.block_sparse_moe.experts.$2.w3.$3"},
+      {std::regex(R"(model\.layers\.(\d+)\.mlp\.gate\.(\w+))"), "model.layers.$1.block_sparse_moe.gate.$2"},
+  };
+  for (const auto& [re, fmt] : rules)
+    if (std::regex_match(hf, re)) return std::regex_replace(hf, re, fmt);
+  return "";
+}
+
 class SafetensorsModel : public Model {
  public:
   SafetensorsModel(const fs::path& dir, const fs::path& weights_file, const LoadOptions& options)
@@ -78,6 +91,8 @@ class SafetensorsModel : public Model {
       const std::string name = hf_name(n);
       if (name.empty()) return nullptr;
       const TensorRef* t = file_.find_tensor(name);
+      if (!t && config_.is_moe())
+        if (const std::string m = mixtral_name(name); !m.empty()) t = file_.find_tensor(m);
       // Tied embeddings may be stored under either name.
       if (!t && name == "model.embed_tokens.weight") t = file_.find_tensor("lm_head.weight");
       return t;

@@ -80,14 +80,14 @@ std::string arch_of(const json& config, const std::string& path) {
   static const std::map<std::string, std::string> known = {
       {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
       {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
-      {"OlmoeForCausalLM", "olmoe"},
+      {"OlmoeForCausalLM", "olmoe"}, {"MixtralForCausalLM", "llama"},
       {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
   check(a.is_array() && !a.empty() && a[0].is_string(), "{}: no 'architectures' list", path);
   const auto it = known.find(a[0].get<std::string>());
   check(it != known.end(),
         "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-        "Qwen2MoeForCausalLM, OlmoeForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
+        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
@@ -179,7 +179,8 @@ void add_moe_hparams(GgufWriter& w, const std::string& a, const json& c, const s
     w.add_u32(a + ".expert_feed_forward_length", hp_u32(c, "moe_intermediate_size", path));
   if (has_number(c, "shared_expert_intermediate_size") && c["shared_expert_intermediate_size"].get<int64_t>() > 0)
     w.add_u32(a + ".expert_shared_feed_forward_length", hp_u32(c, "shared_expert_intermediate_size", path));
-  w.add_value(a + ".expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", false)});
+  // Mixtral (written as llama) takes the softmax of the chosen logits: renormalized.
+  w.add_value(a + ".expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", a == "llama")});
 }
 
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
@@ -435,10 +436,13 @@ void add_tensor(GgufWriter& w, const ArchInfo& a, const Mapped& m, DType type) {
 
 // "model.layers.N.mlp.experts.E.gate_proj.weight" -> {"blk.N.ffn_gate_exps.weight", E}; {"", -1} otherwise.
 std::pair<std::string, int64_t> expert_tensor(const std::string& hf) {
-  static const std::regex re(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+  static const std::regex re(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d{1,6})\.(gate|up|down)_proj\.weight)");
+  static const std::regex mixtral(R"(model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d{1,6})\.(w1|w2|w3)\.weight)");
   std::smatch m;
-  if (!std::regex_match(hf, m, re)) return {"", -1};
-  return {"blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight", std::stoll(m[2].str())};
+  if (std::regex_match(hf, m, re)) return {"blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight", std::stoll(m[2].str())};
+  if (!std::regex_match(hf, m, mixtral)) return {"", -1};
+  const std::string kind = m[3] == "w1" ? "gate" : m[3] == "w2" ? "down" : "up";
+  return {"blk." + m[1].str() + ".ffn_" + kind + "_exps.weight", std::stoll(m[2].str())};
 }
 
 // The tensors of the checkpoint under their GGUF names, in the checkpoint's (sorted) order; a layer's
@@ -483,7 +487,8 @@ std::vector<Mapped> mapped_tensors(const ArchInfo& a, const Checkpoint& c) {
 // Shapes config.json implies for the main weights (GGUF order: ne[0] = columns).
 void check_shapes(const json& c, const std::vector<Mapped>& tensors) {
   const uint64_t n_embd = c.at("hidden_size"), n_head = c.at("num_attention_heads");
-  const uint64_t n_kv = c.value("num_key_value_heads", n_head), d = c.value("head_dim", n_embd / n_head);
+  const uint64_t n_kv = has_number(c, "num_key_value_heads") ? c["num_key_value_heads"].get<uint64_t>() : n_head;
+  const uint64_t d = has_number(c, "head_dim") ? c["head_dim"].get<uint64_t>() : n_embd / n_head;
   const uint64_t n_ff = c.at("intermediate_size"), n_vocab = c.at("vocab_size");
   const std::map<std::string, std::vector<uint64_t>> want = {
       {"attn_q.weight", {n_embd, n_head * d}}, {"attn_k.weight", {n_embd, n_kv * d}},
@@ -534,7 +539,7 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
       {"self_attn.o_proj", "attn_output"},  {"mlp.gate_proj", "ffn_gate"},      {"mlp.up_proj", "ffn_up"},
       {"mlp.down_proj", "ffn_down"},        {"input_layernorm", "attn_norm"},   {"self_attn.q_norm", "attn_q_norm"},
       {"self_attn.k_norm", "attn_k_norm"},  {"pre_feedforward_layernorm", "ffn_norm"},
-      {"post_feedforward_layernorm", "post_ffw_norm"}, {"mlp.gate", "ffn_gate_inp"},
+      {"post_feedforward_layernorm", "post_ffw_norm"}, {"mlp.gate", "ffn_gate_inp"}, {"block_sparse_moe.gate", "ffn_gate_inp"},
       {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_expert.up_proj", "ffn_up_shexp"},
       {"mlp.shared_expert.down_proj", "ffn_down_shexp"}, {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"}};
   static const std::regex re(R"((model\.layers\.(\d+)\.)?(.+)\.(weight|bias))");

@@ -18,7 +18,7 @@ import json
 import pathlib
 
 import torch
-from transformers import (AutoTokenizer, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+from transformers import (AutoTokenizer, MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -46,6 +46,9 @@ def families(vocab):
         "olmoe": OlmoeForCausalLM(OlmoeConfig(vocab_size=vocab, intermediate_size=32, num_experts=8,
                                               num_experts_per_tok=2, norm_topk_prob=False, pad_token_id=0,
                                               eos_token_id=2, bos_token_id=1, **COMMON)),
+        # Mixtral: a llama with 4 experts of intermediate_size, top 2 (softmax over the chosen logits).
+        "mixtral": MixtralForCausalLM(MixtralConfig(vocab_size=vocab, intermediate_size=48, num_local_experts=4,
+                                                    num_experts_per_tok=2, rope_theta=1000000.0, **COMMON)),
     }
 
 
