@@ -80,6 +80,8 @@ struct AttentionShape {
   int n_head_kv = 0;
   int d_head = 0;
   float scale = 1.0f;
+  // > 0: scores soft-capped to softcap * tanh(score / softcap) before the softmax (Gemma 2).
+  float softcap = 0.0f;
 };
 
 namespace ref {

@@ -44,6 +44,9 @@ void ModelConfig::validate(const std::string& src) const {
   check(std::isfinite(rope_linear_scale) && rope_linear_scale > 0, "{}: bad RoPE scaling factor {}", src,
         rope_linear_scale);
   check(static_cast<int64_t>(layer_is_swa.size()) == n_layer, "{}: internal: sliding-window flags", src);
+  check(std::isfinite(attn_softcap) && attn_softcap >= 0 && std::isfinite(final_softcap) && final_softcap >= 0 &&
+            std::isfinite(attn_scale) && attn_scale > 0,
+        "{}: bad soft-capping or attention scale", src);
   check(layer_is_moe.empty() || static_cast<int64_t>(layer_is_moe.size()) == n_layer, "{}: internal: MoE flags", src);
   if (n_expert > 0) {
     check(n_expert <= 4096 && n_expert_used >= 1 && n_expert_used <= n_expert,
@@ -56,7 +59,7 @@ void ModelConfig::validate(const std::string& src) const {
 ModelConfig config_from_gguf(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
-  static const std::set<std::string> supported = {"llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe"};
+  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe"};
   if (!supported.count(c.arch))
     fail("{}: unsupported architecture '{}' (supported: {})", g.path(), c.arch, fmt::join(supported, ", "));
   const std::string a = c.arch + ".";
@@ -97,15 +100,24 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     for (int64_t il = 0; il < c.n_layer && il < kMaxLayers; ++il)
       c.layer_is_moe[il] = g.find_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", il)) != nullptr;
   }
-  if (c.arch == "gemma3") {
+  if (c.arch == "gemma2" || c.arch == "gemma3") {
     c.ffn_act = FfnActivation::GeluTanh;
     c.post_norms = true;
     c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
     c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
-    c.rope_base_swa = static_cast<float>(g.find_float(a + "rope.freq_base_swa").value_or(10000.0));
-    const int64_t pattern = 6;  // five sliding-window layers, then one global layer
+    c.rope_base_swa = c.arch == "gemma2" ? c.rope_base : static_cast<float>(g.find_float(a + "rope.freq_base_swa").value_or(10000.0));
+    // Gemma 3: five sliding-window layers, then one global layer; Gemma 2: alternating, from layer 0.
+    const int64_t pattern = c.arch == "gemma3" ? 6 : 2;
     for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0 && il % pattern < pattern - 1;
   }
+  if (c.arch == "gemma2") {
+    c.attn_softcap = static_cast<float>(g.find_float(a + "attn_logit_softcapping").value_or(0.0));
+    c.final_softcap = static_cast<float>(g.find_float(a + "final_logit_softcapping").value_or(0.0));
+    // llama.cpp scales Gemma 2 27B's (46 layers) queries by 1/sqrt(n_embd / n_head) (its
+    // query_pre_attn_scalar, which GGUF does not store); Serval's converter writes attention.scale.
+    if (c.n_layer == 46) c.attn_scale = 1.0f / std::sqrt(float(c.n_embd / std::max<int64_t>(c.n_head, 1)));
+  }
+  if (auto scale = g.find_float(a + "attention.scale")) c.attn_scale = static_cast<float>(*scale);
   c.validate(g.path());
   return c;
 }
@@ -201,6 +213,39 @@ void read_hf_moe(const nlohmann::json& j, const std::string& path, ModelConfig& 
 }
 }  // namespace
 
+namespace {
+// Gemma 2 / Gemma 3 (text) config.json: GeGLU, four norms per layer stored as w - 1, embeddings
+// scaled by sqrt(hidden), queries by 1/sqrt(query_pre_attn_scalar), soft-capping (Gemma 2),
+// sliding-window layers as layer_types lists them (else Gemma 2's even layers, Gemma 3's five of six).
+void read_hf_gemma(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
+  c.ffn_act = FfnActivation::GeluTanh;
+  c.post_norms = c.norm_plus_one = true;
+  c.qk_norm = c.arch == "gemma3";
+  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+  if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_number())
+    c.attn_scale = 1.0f / std::sqrt(j["query_pre_attn_scalar"].get<float>());
+  auto number = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<float>() : 0.0f;
+  };
+  c.attn_softcap = number("attn_logit_softcapping");
+  c.final_softcap = number("final_logit_softcapping");
+  c.sliding_window = json_int_or(j, "sliding_window", 0, path);
+  const auto& types = j.value("layer_types", nlohmann::json());
+  if (types.is_array()) {
+    check(int64_t(types.size()) == c.n_layer, "{}: layer_types has {} entries for {} layers", path, types.size(), c.n_layer);
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const std::string t = types[size_t(il)].is_string() ? types[size_t(il)].get<std::string>() : "";
+      check(t == "sliding_attention" || t == "full_attention", "{}: unknown layer type '{}'", path, t);
+      c.layer_is_swa[il] = t == "sliding_attention" && c.sliding_window > 0;
+    }
+  } else {
+    const int64_t pattern = c.arch == "gemma3" ? json_int_or(j, "sliding_window_pattern", 6, path) : 2;
+    check(pattern >= 1, "{}: bad sliding_window_pattern", path);
+    for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0 && il % pattern < pattern - 1;
+  }
+}
+}  // namespace
+
 ModelConfig config_from_hf(const std::string& path) {
   nlohmann::json j;
   try {
@@ -212,9 +257,10 @@ ModelConfig config_from_hf(const std::string& path) {
   try {
     const std::string type = j.value("model_type", "");
     static const std::map<std::string, std::string> archs = {{"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
-        {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}, {"mixtral", "llama"}};
+        {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}, {"mixtral", "llama"},
+        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}};
     const auto arch = archs.find(type);
-    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe)", path, type);
+    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text)", path, type);
     c.arch = arch->second;
     c.n_embd = json_int(j, "hidden_size", path);
     c.n_layer = json_int(j, "num_hidden_layers", path);
@@ -241,6 +287,7 @@ ModelConfig config_from_hf(const std::string& path) {
   check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: num_hidden_layers {} is out of range", path, c.n_layer);
   c.layer_is_swa.assign(c.n_layer, 0);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
+  if (c.arch == "gemma2" || c.arch == "gemma3") read_hf_gemma(j, path, c);
   c.validate(path);
   return c;
 }

@@ -40,6 +40,9 @@ struct ModelConfig {
   bool qk_norm_whole = false;  // the norm spans all heads (q_dim, kv_dim values) instead of one head
   bool post_norms = false;     // RMSNorm after attention and after the FFN (Gemma 3)
   bool attn_bias = false;      // Q, K and V biases are required (Qwen2, Qwen2-MoE)
+  float attn_softcap = 0.0f;   // > 0: attention scores soft-capped, cap * tanh(s / cap) (Gemma 2)
+  float final_softcap = 0.0f;  // > 0: the same on the output logits (Gemma 2)
+  bool norm_plus_one = false;  // Hugging Face Gemma checkpoints store RMSNorm weights as w - 1
 
   // Mixture of experts: layers with layer_is_moe[il] route each token to n_expert_used of n_expert
   // experts (SwiGLU FFNs of width n_ff_exp) by a softmax over the router's logits; the chosen

@@ -35,8 +35,17 @@ class GgufModel : public Model {
   GgufFile file_;
 };
 
-// GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 / Qwen3 / their MoE layouts).
-std::string hf_name(const std::string& gguf_name) {
+// GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 / Qwen3 / their MoE layouts; Gemma's
+// four norms per layer).
+std::string hf_name(const std::string& gguf_name, const std::string& arch) {
+  static const std::vector<std::pair<std::regex, std::string>> gemma = {
+      {std::regex(R"(blk\.(\d+)\.ffn_norm\.(\w+))"), "model.layers.$1.pre_feedforward_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.post_attention_norm\.(\w+))"), "model.layers.$1.post_attention_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.post_ffw_norm\.(\w+))"), "model.layers.$1.post_feedforward_layernorm.$2"},
+  };
+  if (arch == "gemma2" || arch == "gemma3")
+    for (const auto& [re, fmt] : gemma)
+      if (std::regex_match(gguf_name, re)) return std::regex_replace(gguf_name, re, fmt);
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex(R"(token_embd\.weight)"), "model.embed_tokens.weight"},
       {std::regex(R"(output_norm\.weight)"), "model.norm.weight"},
@@ -88,7 +97,7 @@ class SafetensorsModel : public Model {
     config_ = config_from_hf((dir / "config.json").string());
     set_shard(config_, options);
     auto lookup = [this](const std::string& n) -> const TensorRef* {
-      const std::string name = hf_name(n);
+      const std::string name = hf_name(n, config_.arch);
       if (name.empty()) return nullptr;
       const TensorRef* t = file_.find_tensor(name);
       if (!t && config_.is_moe())

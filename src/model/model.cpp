@@ -250,7 +250,7 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
     const KvSpan keys{batch.block_tables[group][batch.seq_ids[t]], batch.block_size_of(batch.seq_ids[t]), first, pos};
     queries[t] = {q.data() + t * q_dim, keys, attn.data() + t * q_dim};
   }
-  cpu::attention_batch({int(n_head), int(n_head_kv), int(c.d_head), c.attn_scale}, queries, kv.view(il));
+  cpu::attention_batch({int(n_head), int(n_head_kv), int(c.d_head), c.attn_scale, c.attn_softcap}, queries, kv.view(il));
   std::vector<float> o(n_tok * c.n_embd);
   observe(il, {"attn_output"}, attn.data(), n_tok, q_dim);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
@@ -448,6 +448,11 @@ bool Model::forward_rows(const Batch& batch, KvCache& kv, ShardIo* io, std::vect
   if (n_out == 0) return true;
   observe(-1, {"output"}, out_rows.data(), n_out, c.n_embd);
   cpu::matmul(weights_.output, out_rows.data(), logits.data(), n_out);
+  if (c.final_softcap > 0)  // Gemma 2: logits soft-capped, cap * tanh(logit / cap)
+    parallel_for(n_out, [&](int64_t r) {
+      float* l = logits.data() + r * weights_.output.rows;
+      for (int64_t i = 0; i < weights_.output.rows; ++i) l[i] = c.final_softcap * std::tanh(l[i] / c.final_softcap);
+    });
   return true;
 }
 

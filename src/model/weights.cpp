@@ -185,6 +185,12 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
       if (s.split()) release_file_pages(*m);
     }
   }
+  if (c.norm_plus_one) {  // Hugging Face Gemma: the RMSNorm weight is stored as w - 1
+    auto plus_one = [](std::vector<float>& v) { for (float& x : v) x += 1.0f; };
+    plus_one(w.output_norm);
+    for (auto& L : w.layers)
+      for (auto* v : {&L.attn_norm, &L.ffn_norm, &L.post_attn_norm, &L.post_ffn_norm, &L.q_norm, &L.k_norm}) plus_one(*v);
+  }
   cpu::prepare_weights(w.output);  // the embedding itself stays as in the file (rows read by get_row)
   if (s.split()) release_file_pages(w.output);
   return w;

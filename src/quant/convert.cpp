@@ -79,7 +79,7 @@ Checkpoint open_checkpoint(const fs::path& dir) {
 std::string arch_of(const json& config, const std::string& path) {
   static const std::map<std::string, std::string> known = {
       {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
-      {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
+      {"Gemma2ForCausalLM", "gemma2"}, {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
       {"OlmoeForCausalLM", "olmoe"}, {"MixtralForCausalLM", "llama"},
       {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
@@ -87,7 +87,7 @@ std::string arch_of(const json& config, const std::string& path) {
   const auto it = known.find(a[0].get<std::string>());
   check(it != known.end(),
         "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
+        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
@@ -183,10 +183,49 @@ void add_moe_hparams(GgufWriter& w, const std::string& a, const json& c, const s
   w.add_value(a + ".expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", a == "llama")});
 }
 
+// GGUF has no per-layer list of sliding-window layers: Gemma 2's alternate from layer 0 and Gemma 3's
+// are five of every six. A config.json whose layer_types say otherwise is refused.
+void check_gemma_layer_types(const json& c, int pattern, const std::string& path) {
+  if (!c.contains("layer_types") || !c["layer_types"].is_array()) return;
+  const auto& types = c["layer_types"];
+  for (size_t il = 0; il < types.size(); ++il) {
+    const bool swa = int(il % size_t(pattern)) < pattern - 1;
+    check(types[il] == (swa ? "sliding_attention" : "full_attention"),
+          "{}: layer {} is '{}', but GGUF's layout makes it {} (a sliding-window layer pattern of {})", path, il,
+          types[il].dump(), swa ? "sliding_attention" : "full_attention", pattern);
+  }
+}
+
+// Gemma2Model's keys, and attention.scale where query_pre_attn_scalar is not the head size (llama.cpp
+// infers it from the model size instead; Serval reads the key).
+void add_gemma2_hparams(GgufWriter& w, const json& c, DType outtype, const std::string& path) {
+  check_gemma_layer_types(c, 2, path);
+  w.add_u32("gemma2.context_length", hp_u32(c, "max_position_embeddings", path));
+  w.add_u32("gemma2.embedding_length", hp_u32(c, "hidden_size", path));
+  w.add_u32("gemma2.block_count", hp_u32(c, "num_hidden_layers", path));
+  w.add_u32("gemma2.feed_forward_length", hp_u32(c, "intermediate_size", path));
+  w.add_u32("gemma2.attention.head_count", hp_u32(c, "num_attention_heads", path));
+  w.add_u32("gemma2.attention.head_count_kv", hp_u32(c, "num_key_value_heads", path));
+  w.add_f32("gemma2.attention.layer_norm_rms_epsilon", c.value("rms_norm_eps", 1e-6f));
+  const uint32_t d = hp_u32(c, "head_dim", path);
+  w.add_u32("gemma2.attention.key_length", d);
+  w.add_u32("gemma2.attention.value_length", d);
+  w.add_u32("general.file_type", file_type_of(outtype));
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (has_number(c, key)) w.add_f32(std::string("gemma2.") + key, c[key].get<float>());
+  if (has_number(c, "sliding_window")) w.add_u32("gemma2.attention.sliding_window", hp_u32(c, "sliding_window", path));
+  if (const HfRope rope = hf_rope(c, path); rope.has_theta) w.add_f32("gemma2.rope.freq_base", rope.theta);
+  if (has_number(c, "query_pre_attn_scalar") && c["query_pre_attn_scalar"].get<double>() != double(d)) {
+    check(c["query_pre_attn_scalar"].get<double>() > 0, "{}: query_pre_attn_scalar must be positive", path);
+    w.add_f32("gemma2.attention.scale", float(1.0 / std::sqrt(c["query_pre_attn_scalar"].get<double>())));
+  }
+  add_linear_rope_scaling(w, "gemma2", c, path);
+}
+
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
 void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType outtype, const std::string& path) {
   if (arch == "bert") return;  // add_bert_hparams
-  if (arch != "gemma3") {
+  if (arch != "gemma3" && arch != "gemma2") {
     add_common_hparams(w, arch, c, path);
     w.add_u32("general.file_type", file_type_of(outtype));
     add_moe_hparams(w, arch, c, path);
@@ -201,6 +240,7 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     add_linear_rope_scaling(w, arch, c, path);
   } else if (arch == "gemma3") {
     // Gemma3Model writes its own set, with the defaults of transformers' Gemma3TextConfig.
+    check_gemma_layer_types(c, 6, path);
     w.add_u32("gemma3.context_length", c.value("max_position_embeddings", 131072u));
     w.add_u32("gemma3.embedding_length", hp_u32(c, "hidden_size", path));
     w.add_u32("gemma3.block_count", hp_u32(c, "num_hidden_layers", path));
@@ -215,6 +255,8 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     w.add_u32("gemma3.attention.sliding_window", hp_u32(c, "sliding_window", path));
     w.add_u32("gemma3.attention.head_count_kv", c.value("num_key_value_heads", 4u));
     add_linear_rope_scaling(w, arch, c, path);
+  } else if (arch == "gemma2") {
+    add_gemma2_hparams(w, c, outtype, path);
   }
 }
 
@@ -409,7 +451,7 @@ std::vector<float> modified_values(const ArchInfo& a, const std::string& gguf_na
     if (q || k) x = permute_rope_rows(x.data(), t.ne.size() > 1 ? t.ne[1] : t.ne[0], t.ne.size() > 1 ? t.ne[0] : 1,
                                       q ? a.n_head : a.n_head_kv);
   }
-  if (a.arch == "gemma3" && gguf_name.ends_with("norm.weight"))
+  if ((a.arch == "gemma3" || a.arch == "gemma2") && gguf_name.ends_with("norm.weight"))
     for (float& v : x) v += 1.0f;
   return x;
 }
@@ -509,7 +551,7 @@ ArchInfo arch_info(const json& c, const std::string& path) {
   a.arch = arch_of(c, path);
   a.n_head = hp_u32(c, "num_attention_heads", path);
   a.n_head_kv = has_number(c, "num_key_value_heads") ? hp_u32(c, "num_key_value_heads", path) : a.n_head;
-  a.tied = c.value("tie_word_embeddings", a.arch == "gemma3");
+  a.tied = c.value("tie_word_embeddings", a.arch == "gemma3" || a.arch == "gemma2");
   for (const char* key : {"num_experts", "num_local_experts"})
     if (c.contains(key) && c[key].is_number_integer() && !a.n_expert) a.n_expert = c[key].get<int64_t>();
   for (const char* key : {"hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers"}) hp_u32(c, key, path);
@@ -551,10 +593,11 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
     return it == top.end() ? "" : it->second + suffix;
   }
   std::string name;
-  if (base == "post_attention_layernorm") name = arch == "gemma3" ? "post_attention_norm" : "ffn_norm";
+  const bool gemma = arch == "gemma3" || arch == "gemma2";
+  if (base == "post_attention_layernorm") name = gemma ? "post_attention_norm" : "ffn_norm";
   else if (const auto it = layer.find(base); it != layer.end()) name = it->second;
   const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || arch == "olmoe";
-  if (name.empty() || (arch != "gemma3" && name == "post_ffw_norm") ||
+  if (name.empty() || (!gemma && name == "post_ffw_norm") ||
       (!qk_norm && (name == "attn_q_norm" || name == "attn_k_norm")))
     return "";
   return "blk." + m[2].str() + "." + name + suffix;

@@ -142,14 +142,16 @@ Expected expected(const AttentionShape& s, const float* q, KvLayerView kv, const
       double dot = 0, mag = 0;
       for (int64_t d = 0; d < D; ++d) dot += qh[d] * k[d], mag += std::abs(qh[d] * k[d]);
       sc[j] = dot * s.scale;
+      if (s.softcap > 0) sc[j] = s.softcap * std::tanh(sc[j] / s.softcap);  // slope <= 1: B still bounds
       B = std::max(B, mag * s.scale);
       mx = std::max(mx, sc[j]);
     }
     double sum = 0;
     for (int64_t j = 0; j < n; ++j) sum += (w[j] = std::exp(sc[j] - mx));
     for (auto& x : w) x /= sum;
+    // Soft-capping adds the error of its tanh (through vexp and a division): a few units of the cap.
     const double rel = 2 * double(D + 1) * u * B + (2 * double(n) + 5 * (n / 16 + n / 256 + 2) + 16) * u +
-                       (half ? std::ldexp(1.0, -10) : 0);
+                       (half ? std::ldexp(1.0, -10) : 0) + 16 * double(s.softcap) * u;
     std::vector<double> A(D, 0), E(D, 0), tiny(D, 0);
     for (int64_t j = 0; j < n; ++j) {
       kv.load(kv.v, slots[j], g * D, D, v.data());
@@ -187,20 +189,21 @@ struct Case {
   int64_t n_ctx;
   int32_t bs;
   DType type;
-  int64_t window;  // 0: none
+  int64_t window;         // 0: none
+  float softcap = 0.0f;  // 0: none
 };
 
 std::string describe(const Case& c) {
   return "d_head " + std::to_string(c.d_head) + " group " + std::to_string(c.group) + " ctx " +
          std::to_string(c.n_ctx) + " block " + std::to_string(c.bs) + " " + std::string(dtype_info(c.type).name) +
-         " window " + std::to_string(c.window);
+         " window " + std::to_string(c.window) + (c.softcap > 0 ? " softcap " + std::to_string(c.softcap) : "");
 }
 
 // The last min(n_ctx, 10) positions of one sequence as one batched call (a prefill chunk: query
 // tiles), checked one by one against the reference; returns the outputs.
 std::vector<float> check_case(const Case& c, uint32_t seed) {
   const int n_kv = 2, n_head = n_kv * c.group, D = c.d_head;
-  const AttentionShape s{n_head, n_kv, D, 1.0f / std::sqrt(float(D))};
+  const AttentionShape s{n_head, n_kv, D, 1.0f / std::sqrt(float(D)), c.softcap};
   const int64_t n_q = std::min<int64_t>(c.n_ctx, 10);
   const int64_t p0 = c.n_ctx - n_q;
   auto first_of = [&](int64_t p) { return c.window ? std::max<int64_t>(0, p - c.window + 1) : 0; };
@@ -264,6 +267,34 @@ TEST_P(AttentionLevel, BitwiseEqualToPortableLevel) {
   for (const Case& c : sweep()) {
     if (c.n_ctx > 300 && c.d_head != 64) continue;  // keep the scalar runs short
     const auto mine = check_case(c, seed);
+    cpu::force_isa(Isa::Scalar);
+    const auto scalar = check_case(c, seed);
+    cpu::force_isa(GetParam());
+    ++seed;
+    ASSERT_EQ(std::memcmp(mine.data(), scalar.data(), mine.size() * sizeof(float)), 0) << describe(c);
+  }
+}
+
+// Gemma 2's soft-capped scores: against the reference (std::tanh in double), and bitwise across levels.
+std::vector<Case> softcap_sweep() {
+  std::vector<Case> cases;
+  for (int d_head : {64, 128})
+    for (int group : {1, 7})
+      for (int64_t n_ctx : {1, 17, 300})
+        for (DType type : {DType::F16, DType::F32, DType::Q8_0})
+          for (float cap : {0.25f, 30.0f}) cases.push_back({d_head, group, n_ctx, 16, type, n_ctx > 200 ? 100 : 0, cap});
+  return cases;
+}
+
+TEST_P(AttentionLevel, SoftcapMatchesReferenceAndPortableLevel) {
+  uint32_t seed = 900;
+  for (const Case& c : softcap_sweep()) {
+    const auto mine = check_case(c, seed);
+    Case uncapped = c;
+    uncapped.softcap = 0;
+    const auto plain = check_case(uncapped, seed);
+    if (HasFailure()) return;
+    if (c.softcap < 1 && c.n_ctx > 1) ASSERT_NE(std::memcmp(mine.data(), plain.data(), mine.size() * sizeof(float)), 0) << describe(c);
     cpu::force_isa(Isa::Scalar);
     const auto scalar = check_case(c, seed);
     cpu::force_isa(GetParam());

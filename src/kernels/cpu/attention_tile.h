@@ -36,6 +36,7 @@ struct TileArgs {
   int group = 0;   // query heads per KV head
   int d_head = 0;
   float scale = 1.0f;
+  float softcap = 0.0f;  // > 0: scores become softcap * tanh(score / softcap)
   bool half = false;  // F16 rounding points (the query, the normalised weights): every cache but F32
   int kv_head = 0;
   // The cache's rows: F32 is read in place; F16 and F8_E4M3 (times `head_scale`) converted by the

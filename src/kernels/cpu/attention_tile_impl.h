@@ -61,6 +61,18 @@ inline typename V::T vexp(typename V::T x) {
   return V::select(V::lt(x, V::set1(-87.0f)), V::zero(), e);
 }
 
+// cap * tanh(x / cap), Gemma 2's soft-capping of scores: tanh(y) = sign(y) (1 - e) / (1 + e) with
+// e = exp(-2 |y|) <= 1 (vexp's range), the same operations at every level.
+template <class V>
+inline typename V::T vsoftcap(typename V::T x, float cap) {
+  using T = typename V::T;
+  const T y = V::mul(x, V::set1(1.0f / cap));
+  const T a = V::max(y, V::sub(V::zero(), y));
+  const T e = vexp<V>(V::mul(a, V::set1(-2.0f)));
+  const T t = V::div(V::sub(V::set1(1.0f), e), V::add(V::set1(1.0f), e));
+  return V::mul(V::select(V::lt(y, V::zero()), V::sub(V::zero(), t), t), V::set1(cap));
+}
+
 // Scratch layout of one tile (floats; every part starts on a 16-float boundary).
 struct Layout {
   int rows = 0, nv = 0, w = 0, d = 0;
@@ -224,11 +236,13 @@ inline void validity(const Layout& L, const float* sc, int v, int64_t tlo, typen
 // The scaled scores of one key tile for row vector v (QK product done, in `s`): -inf for keys the
 // lane does not see when Masked (their validity in `valid`).
 template <class V, bool Masked>
-inline void scores(const Layout& L, const float* sc, float scale, int v, int64_t tlo, const float* s,
+inline void scores(const Layout& L, const float* sc, float scale, float softcap, int v, int64_t tlo, const float* s,
                    typename V::T* x, typename V::M* valid) {
   const typename V::T sv = V::set1(scale);
 #pragma GCC unroll 16
   for (int j = 0; j < kKeyTile; ++j) x[j] = V::mul(V::load(s + j * V::W), sv);
+  if (softcap > 0.0f)
+    for (int j = 0; j < kKeyTile; ++j) x[j] = vsoftcap<V>(x[j], softcap);
   if constexpr (Masked) {
     validity<V>(L, sc, v, tlo, valid);
 #pragma GCC unroll 16
@@ -249,7 +263,7 @@ void tile_stats(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t t
     const int v = v0 + r;
     T x[kKeyTile];
     typename V::M valid[kKeyTile];
-    scores<V, Masked>(L, sc, a.scale, v, tlo, s + r * kKeyTile * W, x, valid);
+    scores<V, Masked>(L, sc, a.scale, a.softcap, v, tlo, s + r * kKeyTile * W, x, valid);
     if (cache)
 #pragma GCC unroll 16
       for (int j = 0; j < kKeyTile; ++j) V::store(cache + (int64_t(v) * kKeyTile + j) * W, x[j]);
@@ -286,7 +300,7 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
       for (int j = 0; j < kKeyTile; ++j) x[j] = V::load(cache + (int64_t(v) * kKeyTile + j) * W);
       if constexpr (Masked) validity<V>(L, sc, v, tlo, valid[r]);
     } else {
-      scores<V, Masked>(L, sc, a.scale, v, tlo, s + r * kKeyTile * W, x, valid[r]);
+      scores<V, Masked>(L, sc, a.scale, a.softcap, v, tlo, s + r * kKeyTile * W, x, valid[r]);
     }
     const T m = V::load(run + v * W), inv = V::load(sc + L.inv + v * W);
 #pragma GCC unroll 16

@@ -33,6 +33,7 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
       double acc = 0;
       for (int d = 0; d < s.d_head; ++d) acc += double(round(q[h * s.d_head + d])) * k[d];
       p[j] = acc * s.scale;
+      if (s.softcap > 0) p[j] = s.softcap * std::tanh(p[j] / s.softcap);
       mx = std::max(mx, p[j]);
     }
     double sum = 0;

@@ -18,7 +18,8 @@ import json
 import pathlib
 
 import torch
-from transformers import (AutoTokenizer, MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+from transformers import (AutoTokenizer, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -49,6 +50,18 @@ def families(vocab):
         # Mixtral: a llama with 4 experts of intermediate_size, top 2 (softmax over the chosen logits).
         "mixtral": MixtralForCausalLM(MixtralConfig(vocab_size=vocab, intermediate_size=48, num_local_experts=4,
                                                     num_experts_per_tok=2, rope_theta=1000000.0, **COMMON)),
+        # Gemma 2: soft-capped attention scores and logits (small caps, so tanh bends them), alternating
+        # sliding-window layers (a window of 6, shorter than the prompts), query_pre_attn_scalar other
+        # than the head size, four norms per layer stored as w - 1.
+        "gemma2": Gemma2ForCausalLM(Gemma2Config(vocab_size=vocab, intermediate_size=96, head_dim=32,
+                                                 query_pre_attn_scalar=24, sliding_window=6,
+                                                 attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                                 **{**COMMON, "num_hidden_layers": 3})),
+        # Gemma 3 (text): QK-norm, five sliding-window layers then a global one (the layout GGUF implies),
+        # two RoPE bases.
+        "gemma3": Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=vocab, intermediate_size=96, head_dim=16,
+                                                     query_pre_attn_scalar=16, sliding_window=6,
+                                                     **{**COMMON, "num_hidden_layers": 6})),
     }
 
 
