@@ -37,6 +37,7 @@ void ModelConfig::validate(const std::string& src) const {
         "{}: hyperparameters are absurdly large", src);
   check(n_head % n_head_kv == 0, "{}: n_head {} is not a multiple of n_head_kv {}", src, n_head, n_head_kv);
   check(d_head % 2 == 0, "{}: head dimension {} must be even for RoPE", src, d_head);
+  check(n_rot >= 0 && n_rot <= d_head && n_rot % 2 == 0, "{}: {} rotary dimensions do not fit a head of {}", src, n_rot, d_head);
   check(std::isfinite(norm_eps) && norm_eps > 0 && std::isfinite(rope_base) && rope_base > 0,
         "{}: bad norm epsilon or RoPE base", src);
   check(n_ctx_train > 0, "{}: the training context length {} must be positive", src, n_ctx_train);
@@ -59,7 +60,7 @@ void ModelConfig::validate(const std::string& src) const {
 ModelConfig config_from_gguf(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
-  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe"};
+  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "phi3"};
   if (!supported.count(c.arch))
     fail("{}: unsupported architecture '{}' (supported: {})", g.path(), c.arch, fmt::join(supported, ", "));
   const std::string a = c.arch + ".";
@@ -118,6 +119,14 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     if (c.n_layer == 46) c.attn_scale = 1.0f / std::sqrt(float(c.n_embd / std::max<int64_t>(c.n_head, 1)));
   }
   if (auto scale = g.find_float(a + "attention.scale")) c.attn_scale = static_cast<float>(*scale);
+  if (auto n_rot = g.find_int(a + "rope.dimension_count"); n_rot && *n_rot != c.d_head) c.n_rot = *n_rot;
+  if (c.arch == "phi3") {  // every layer in the window (Phi-3 mini 4K: 2047)
+    c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
+    for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
+    check(!g.find_tensor("rope_factors_long.weight") && !g.find_tensor("rope_factors_short.weight"),
+          "{}: LongRoPE (rope_factors_long / rope_factors_short, Phi-3 128K, Phi-3.5, Phi-4-mini) is not supported",
+          g.path());
+  }
   c.validate(g.path());
   return c;
 }
@@ -258,9 +267,9 @@ ModelConfig config_from_hf(const std::string& path) {
     const std::string type = j.value("model_type", "");
     static const std::map<std::string, std::string> archs = {{"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
         {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}, {"mixtral", "llama"},
-        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}};
+        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
     const auto arch = archs.find(type);
-    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text)", path, type);
+    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text, phi3)", path, type);
     c.arch = arch->second;
     c.n_embd = json_int(j, "hidden_size", path);
     c.n_layer = json_int(j, "num_hidden_layers", path);
@@ -288,6 +297,16 @@ ModelConfig config_from_hf(const std::string& path) {
   c.layer_is_swa.assign(c.n_layer, 0);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
   if (c.arch == "gemma2" || c.arch == "gemma3") read_hf_gemma(j, path, c);
+  if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number()) {
+    const double f = j["partial_rotary_factor"].get<double>();
+    check(f > 0 && f <= 1, "{}: partial_rotary_factor {} is not in (0, 1]", path, f);
+    const int64_t n_rot = int64_t(double(c.d_head) * f);
+    if (n_rot != c.d_head) c.n_rot = n_rot;
+  }
+  if (c.arch == "phi3") {
+    c.sliding_window = json_int_or(j, "sliding_window", 0, path);
+    for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
+  }
   c.validate(path);
   return c;
 }

@@ -28,6 +28,7 @@ struct ModelConfig {
   int64_t n_ff = 0;
   float norm_eps = 1e-5f;
   RopeStyle rope_style = RopeStyle::Interleaved;
+  int64_t n_rot = 0;  // leading dimensions of each head that RoPE rotates (partial rotary); 0: d_head
   float rope_base = 10000.0f;
   float rope_base_swa = 10000.0f;  // base of sliding-window layers (Gemma 3)
   float rope_linear_scale = 1.0f;  // positions are divided by this (linear RoPE scaling)
@@ -56,6 +57,7 @@ struct ModelConfig {
   ShardLayout shard;        // this process's share (Model::load's LoadOptions); the whole model by default
 
   int64_t q_dim() const { return n_head * d_head; }
+  int64_t rot_dims() const { return n_rot > 0 ? n_rot : d_head; }
   int64_t kv_dim() const { return n_head_kv * d_head; }
   // KV bytes per token: 2 x n_layers x n_kv_heads x d_head x dtype_bytes.
   // dtype_bytes may be fractional: Q8_0 stores 32 values in 34 bytes.

@@ -43,8 +43,13 @@ std::string hf_name(const std::string& gguf_name, const std::string& arch) {
       {std::regex(R"(blk\.(\d+)\.post_attention_norm\.(\w+))"), "model.layers.$1.post_attention_layernorm.$2"},
       {std::regex(R"(blk\.(\d+)\.post_ffw_norm\.(\w+))"), "model.layers.$1.post_feedforward_layernorm.$2"},
   };
-  if (arch == "gemma2" || arch == "gemma3")
-    for (const auto& [re, fmt] : gemma)
+  static const std::vector<std::pair<std::regex, std::string>> phi3 = {
+      {std::regex(R"(blk\.(\d+)\.attn_qkv\.(\w+))"), "model.layers.$1.self_attn.qkv_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_up\.(\w+))"), "model.layers.$1.mlp.gate_up_proj.$2"},
+  };
+  const auto* own = arch == "phi3" ? &phi3 : arch == "gemma2" || arch == "gemma3" ? &gemma : nullptr;
+  if (own)
+    for (const auto& [re, fmt] : *own)
       if (std::regex_match(gguf_name, re)) return std::regex_replace(gguf_name, re, fmt);
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex(R"(token_embd\.weight)"), "model.embed_tokens.weight"},

@@ -128,17 +128,18 @@ double Model::rope_angle(double pos, int64_t i, bool swa_layer) const {
   const auto& c = config_;
   const double base = swa_layer ? c.rope_base_swa : c.rope_base;
   const double p = pos / (swa_layer ? 1.0 : c.rope_linear_scale);
-  double theta = p * std::pow(base, -2.0 * double(i) / double(c.d_head));
+  double theta = p * std::pow(base, -2.0 * double(i) / double(c.rot_dims()));
   if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
   return theta;
 }
 
 Model::RopeTable Model::rope_table(const Batch& batch, bool swa_layer) const {
   const auto& c = config_;
+  // Rows of d_head / 2 entries; the first rot_dims() / 2 are used (partial rotary leaves the rest).
   const int64_t half = c.d_head / 2, n_tok = int64_t(batch.size());
   RopeTable r{std::vector<float>(n_tok * half), std::vector<float>(n_tok * half)};
   parallel_for(n_tok, [&](int64_t t) {
-    for (int64_t i = 0; i < half; ++i) {
+    for (int64_t i = 0; i < c.rot_dims() / 2; ++i) {
       const double theta = rope_angle(batch.positions[t], i, swa_layer);
       r.cs[t * half + i] = float(std::cos(theta));
       r.sn[t * half + i] = float(std::sin(theta));
@@ -149,7 +150,7 @@ Model::RopeTable Model::rope_table(const Batch& batch, bool swa_layer) const {
 
 void Model::apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const {
   const auto& c = config_;
-  const int64_t d = c.d_head, half = d / 2;
+  const int64_t d = c.d_head, half = c.rot_dims() / 2;  // pairs among the first rot_dims() values
   const bool neox = c.rope_style == RopeStyle::Neox;
   for (int64_t h = 0; h < n_heads; ++h) {
     float* x = vec + h * d;
@@ -165,7 +166,7 @@ void Model::apply_rope(float* vec, int64_t n_heads, const float* cs, const float
 std::vector<std::vector<float>> Model::compute_k_centres() const {
   const auto& c = config_;
   std::vector<std::vector<float>> centres(weights_.layers.size());
-  if (c.qk_norm || c.d_head < 2) return centres;  // the norm comes after the bias: no fixed centre
+  if (c.qk_norm || c.d_head < 2 || c.rot_dims() != c.d_head) return centres;  // the norm comes after the bias: no fixed centre
   const int64_t d = c.d_head, half = d / 2;
   const bool neox = c.rope_style == RopeStyle::Neox;
   const double n = double(c.n_ctx_train > 0 ? c.n_ctx_train : 4096);

@@ -127,9 +127,16 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   const int64_t q0 = split ? s.head_begin * d : 0, q1 = split ? s.head_end * d : c.q_dim();
   const int64_t k0 = split ? s.kv_head_begin * d : 0, k1 = split ? s.kv_head_end * d : c.kv_dim();
   L.attn_norm = b.vector(p + "attn_norm.weight", c.n_embd);
-  L.wq = rows_of(b.matrix(p + "attn_q.weight", c.q_dim(), c.n_embd), q0, q1);
-  L.wk = rows_of(b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd), k0, k1);
-  L.wv = rows_of(b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd), k0, k1);
+  if (b.find(p + "attn_q.weight", false)) {
+    L.wq = rows_of(b.matrix(p + "attn_q.weight", c.q_dim(), c.n_embd), q0, q1);
+    L.wk = rows_of(b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd), k0, k1);
+    L.wv = rows_of(b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd), k0, k1);
+  } else {  // Phi-3: one fused matrix, Q then K then V rows
+    const WeightMatrix qkv = b.matrix(p + "attn_qkv.weight", c.q_dim() + 2 * c.kv_dim(), c.n_embd);
+    L.wq = rows_of(qkv, q0, q1);
+    L.wk = rows_of(qkv, c.q_dim() + k0, c.q_dim() + k1);
+    L.wv = rows_of(qkv, c.q_dim() + c.kv_dim() + k0, c.q_dim() + c.kv_dim() + k1);
+  }
   L.wo = cols_of(b.matrix(p + "attn_output.weight", c.n_embd, c.q_dim()), q0, q1, p + "attn_output.weight");
   const bool bias_required = c.attn_bias;
   L.bq = slice(b.vector(p + "attn_q.bias", c.q_dim(), bias_required), q0, q1);
@@ -149,8 +156,14 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   const auto [f0, f1] = split ? ffn_share(c.n_ff, int64_t(dtype_info(L.w_down.type).block_elems), s.tp, s.tp_rank)
                               : std::pair<int64_t, int64_t>(0, c.n_ff);
   L.w_down = cols_of(L.w_down, f0, f1, p + "ffn_down.weight");
-  L.w_gate = rows_of(b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd), f0, f1);
-  L.w_up = rows_of(b.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd), f0, f1);
+  if (b.find(p + "ffn_gate.weight", false)) {
+    L.w_gate = rows_of(b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd), f0, f1);
+    L.w_up = rows_of(b.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd), f0, f1);
+  } else {  // Phi-3: ffn_up holds the gate rows, then the up rows
+    const WeightMatrix gate_up = b.matrix(p + "ffn_up.weight", 2 * c.n_ff, c.n_embd);
+    L.w_gate = rows_of(gate_up, f0, f1);
+    L.w_up = rows_of(gate_up, c.n_ff + f0, c.n_ff + f1);
+  }
 }
 
 }  // namespace
@@ -170,7 +183,7 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
     w.output = s.last_stage() ? rows_of(w.output, s.vocab_begin, s.vocab_end) : WeightMatrix{};
     w.weight_bytes += matrix_bytes(w.output);
   }
-  w.rope_freqs = b.vector("rope_freqs.weight", c.d_head / 2, /*required=*/false);
+  w.rope_freqs = b.vector("rope_freqs.weight", c.rot_dims() / 2, /*required=*/false);
   w.layers.resize(size_t(c.n_layer));
   for (int64_t il = 0; il < c.n_layer; ++il) {
     if (!c.owns_layer(il)) continue;  // another stage's: not bound, so its pages are never read

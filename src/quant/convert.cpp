@@ -79,7 +79,7 @@ Checkpoint open_checkpoint(const fs::path& dir) {
 std::string arch_of(const json& config, const std::string& path) {
   static const std::map<std::string, std::string> known = {
       {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
-      {"Gemma2ForCausalLM", "gemma2"}, {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
+      {"Gemma2ForCausalLM", "gemma2"}, {"Phi3ForCausalLM", "phi3"}, {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
       {"OlmoeForCausalLM", "olmoe"}, {"MixtralForCausalLM", "llama"},
       {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
@@ -87,7 +87,7 @@ std::string arch_of(const json& config, const std::string& path) {
   const auto it = known.find(a[0].get<std::string>());
   check(it != known.end(),
         "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
+        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
@@ -231,6 +231,14 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     add_moe_hparams(w, arch, c, path);
   }
   if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" || arch == "qwen2moe" || arch == "olmoe") {
+    add_linear_rope_scaling(w, arch, c, path);
+  } else if (arch == "phi3") {
+    // Phi3MiniModel: the rotary dimensions (partial_rotary_factor) and the window of every layer.
+    const uint32_t n_head = hp_u32(c, "num_attention_heads", path), d = hp_u32(c, "hidden_size", path) / n_head;
+    const double f = has_number(c, "partial_rotary_factor") ? c["partial_rotary_factor"].get<double>() : 1.0;
+    check(f > 0 && f <= 1, "{}: partial_rotary_factor must be in (0, 1]", path);
+    w.add_u32("phi3.rope.dimension_count", uint32_t(double(d) * f));
+    if (has_number(c, "sliding_window")) w.add_u32("phi3.attention.sliding_window", hp_u32(c, "sliding_window", path));
     add_linear_rope_scaling(w, arch, c, path);
   } else if (arch == "llama") {
     w.add_u32("llama.vocab_size", hp_u32(c, "vocab_size", path));
@@ -527,17 +535,18 @@ std::vector<Mapped> mapped_tensors(const ArchInfo& a, const Checkpoint& c) {
 }
 
 // Shapes config.json implies for the main weights (GGUF order: ne[0] = columns).
-void check_shapes(const json& c, const std::vector<Mapped>& tensors) {
+void check_shapes(const json& c, const std::string& arch, const std::vector<Mapped>& tensors) {
   const uint64_t n_embd = c.at("hidden_size"), n_head = c.at("num_attention_heads");
   const uint64_t n_kv = has_number(c, "num_key_value_heads") ? c["num_key_value_heads"].get<uint64_t>() : n_head;
   const uint64_t d = has_number(c, "head_dim") ? c["head_dim"].get<uint64_t>() : n_embd / n_head;
   const uint64_t n_ff = c.at("intermediate_size"), n_vocab = c.at("vocab_size");
-  const std::map<std::string, std::vector<uint64_t>> want = {
+  std::map<std::string, std::vector<uint64_t>> want = {
       {"attn_q.weight", {n_embd, n_head * d}}, {"attn_k.weight", {n_embd, n_kv * d}},
       {"attn_v.weight", {n_embd, n_kv * d}},   {"attn_output.weight", {n_head * d, n_embd}},
       {"ffn_gate.weight", {n_embd, n_ff}},     {"ffn_up.weight", {n_embd, n_ff}},
       {"ffn_down.weight", {n_ff, n_embd}},     {"token_embd.weight", {n_embd, n_vocab}},
-      {"output.weight", {n_embd, n_vocab}}};
+      {"output.weight", {n_embd, n_vocab}}, {"attn_qkv.weight", {n_embd, (n_head + 2 * n_kv) * d}}};
+  if (arch == "phi3") want["ffn_up.weight"] = {n_embd, 2 * n_ff};  // gate and up rows in one matrix
   for (const auto& m : tensors) {
     const auto it = want.find(m.name.starts_with("blk.") ? m.name.substr(m.name.find('.', 4) + 1) : m.name);
     if (it == want.end()) continue;
@@ -582,6 +591,7 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
       {"mlp.down_proj", "ffn_down"},        {"input_layernorm", "attn_norm"},   {"self_attn.q_norm", "attn_q_norm"},
       {"self_attn.k_norm", "attn_k_norm"},  {"pre_feedforward_layernorm", "ffn_norm"},
       {"post_feedforward_layernorm", "post_ffw_norm"}, {"mlp.gate", "ffn_gate_inp"}, {"block_sparse_moe.gate", "ffn_gate_inp"},
+      {"self_attn.qkv_proj", "attn_qkv"}, {"mlp.gate_up_proj", "ffn_up"},
       {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_expert.up_proj", "ffn_up_shexp"},
       {"mlp.shared_expert.down_proj", "ffn_down_shexp"}, {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"}};
   static const std::regex re(R"((model\.layers\.(\d+)\.)?(.+)\.(weight|bias))");
@@ -641,7 +651,7 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   }
   const Checkpoint ckpt = open_checkpoint(dir);
   const auto tensors = mapped_tensors(a, ckpt);
-  check_shapes(config, tensors);
+  check_shapes(config, a.arch, tensors);
   GgufWriter w;
   add_general(w, a.arch, dir);
   add_hparams(w, a.arch, config, o.outtype, config_path);

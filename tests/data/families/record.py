@@ -18,7 +18,7 @@ import json
 import pathlib
 
 import torch
-from transformers import (AutoTokenizer, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+from transformers import (AutoTokenizer, Phi3Config, Phi3ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -62,6 +62,10 @@ def families(vocab):
         "gemma3": Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=vocab, intermediate_size=96, head_dim=16,
                                                      query_pre_attn_scalar=16, sliding_window=6,
                                                      **{**COMMON, "num_hidden_layers": 6})),
+        # Phi-3: fused QKV and gate/up matrices, half the head rotated (Phi-4-mini's partial rotary),
+        # every layer in a sliding window of 6 (Phi-3 mini 4K: 2047).
+        "phi3": Phi3ForCausalLM(Phi3Config(vocab_size=vocab, intermediate_size=96, partial_rotary_factor=0.5,
+                                           sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)),
     }
 
 
