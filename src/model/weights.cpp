@@ -127,7 +127,7 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   const int64_t q0 = split ? s.head_begin * d : 0, q1 = split ? s.head_end * d : c.q_dim();
   const int64_t k0 = split ? s.kv_head_begin * d : 0, k1 = split ? s.kv_head_end * d : c.kv_dim();
   L.attn_norm = b.vector(p + "attn_norm.weight", c.n_embd);
-  if (b.find(p + "attn_q.weight", false)) {
+  if (b.find(p + "attn_q.weight", false) || !b.find(p + "attn_qkv.weight", false)) {
     L.wq = rows_of(b.matrix(p + "attn_q.weight", c.q_dim(), c.n_embd), q0, q1);
     L.wk = rows_of(b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd), k0, k1);
     L.wv = rows_of(b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd), k0, k1);
@@ -156,7 +156,7 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   const auto [f0, f1] = split ? ffn_share(c.n_ff, int64_t(dtype_info(L.w_down.type).block_elems), s.tp, s.tp_rank)
                               : std::pair<int64_t, int64_t>(0, c.n_ff);
   L.w_down = cols_of(L.w_down, f0, f1, p + "ffn_down.weight");
-  if (b.find(p + "ffn_gate.weight", false)) {
+  if (c.arch != "phi3") {
     L.w_gate = rows_of(b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd), f0, f1);
     L.w_up = rows_of(b.matrix(p + "ffn_up.weight", c.n_ff, c.n_embd), f0, f1);
   } else {  // Phi-3: ffn_up holds the gate rows, then the up rows
