@@ -84,8 +84,9 @@ std::vector<SpecRow> spec_rows(const BenchOptions& o, const Model& model, const 
   return rows;
 }
 
-// What a forward pass reads and computes in its weight matrices: the layer matrices (every 2-D weight
-// but the token embedding and the output matrix) and the output matrix. Bytes are what the kernels
+// What a forward pass reads and computes in its weight matrices per token: the layer matrices (every
+// 2-D weight but the token embedding and the output matrix; of a MoE layer's experts, the share a
+// token uses) and the output matrix. Bytes are what the kernels
 // read: the packed copy when the type has a packed layout (kernels/cpu/packed.h), else the GGUF rows.
 struct WeightCount {
   double layer_params = 0, layer_bytes = 0, output_params = 0, output_bytes = 0, file_bytes = 0;
@@ -95,15 +96,24 @@ double read_bytes(const WeightMatrix& w) {
   return w.packed ? double(w.packed->bytes()) : double(w.rows) * double(w.row_stride);
 }
 
-WeightCount count_weights(const ModelWeights& mw) {
+// Mixture of experts: a token reads the router, the shared expert and n_expert_used of the n_expert
+// experts of each layer, so the experts count at that fraction (per token: exactly so in decode).
+WeightCount count_weights(const ModelWeights& mw, const ModelConfig& cfg) {
   WeightCount c;
-  for (const auto& L : mw.layers)
-    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-      if (w->empty()) continue;
-      c.layer_params += double(w->rows) * double(w->cols);
-      c.layer_bytes += read_bytes(*w);
-      c.file_bytes += double(w->rows) * double(w->row_stride);
-    }
+  auto add = [&](const WeightMatrix& w, double share) {
+    if (w.empty()) return;
+    c.layer_params += share * double(w.rows) * double(w.cols);
+    c.layer_bytes += share * read_bytes(w);
+    c.file_bytes += double(w.rows) * double(w.row_stride);
+  };
+  const double used = cfg.n_expert > 0 ? double(cfg.n_expert_used) / double(cfg.n_expert) : 0.0;
+  for (const auto& L : mw.layers) {
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate,
+                                  &L.sh_up, &L.sh_down})
+      add(*w, 1.0);
+    for (const auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down})
+      for (const WeightMatrix& w : *experts) add(w, used);
+  }
   c.output_params = double(mw.output.rows) * double(mw.output.cols);
   c.output_bytes = read_bytes(mw.output);
   c.file_bytes += double(mw.output.rows) * double(mw.output.row_stride);
@@ -132,7 +142,7 @@ void run_bench(const BenchOptions& o) {
   WeightCount wc;
   if (o.roofline) {
     peaks = cpu::probe_roofline();
-    wc = count_weights(model->weights());
+    wc = count_weights(model->weights(), cfg);
     fmt::print("roofline peaks, {}\n", peaks.describe());
     fmt::print("weights: layer matrices {:.1f} M ({:.1f} MB as read), output matrix {:.1f} M ({:.1f} MB as read); "
                "{:.1f} MB in the file\n\n",

@@ -77,19 +77,33 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
   cpu::matmul(L.router, h, logits.data(), n_tok);
   const MoeRouting r = route_tokens(c, logits.data(), n_tok);
   // ys[t * k + j]: the output of token t's j-th expert, unweighted.
-  std::vector<float> ys(size_t(n_tok * r.k * d)), x, y;
+  std::vector<float> ys(size_t(n_tok * r.k * d));
   const auto by_expert = entries_by_expert(r, c.n_expert);
+  std::vector<int64_t> active;
+  int64_t most = 0;
   for (int64_t e = 0; e < c.n_expert; ++e) {
+    const int64_t m = int64_t(by_expert[size_t(e)].size());
+    if (m == 0) continue;
+    active.push_back(e);
+    most = std::max(most, m);
+    if (expert_tokens) expert_tokens[e].fetch_add(uint64_t(m), std::memory_order_relaxed);
+  }
+  auto run_expert = [&](int64_t e) {
     const auto& entries = by_expert[size_t(e)];
-    if (entries.empty()) continue;
-    if (expert_tokens) expert_tokens[e].fetch_add(entries.size(), std::memory_order_relaxed);
     const int64_t m = int64_t(entries.size());
-    x.resize(size_t(m * d));
-    y.resize(size_t(m * d));
+    std::vector<float> x(size_t(m * d)), y(size_t(m * d));
     for (int64_t i = 0; i < m; ++i) std::copy_n(h + entries[size_t(i)] / r.k * d, d, x.begin() + i * d);
     expert_ffn(L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data());
     for (int64_t i = 0; i < m; ++i) std::copy_n(y.begin() + i * d, d, ys.begin() + entries[size_t(i)] * d);
-  }
+  };
+  // Decode and small batches: each expert's few rows are matrix-vector products, so the experts run
+  // side by side, one task each (their own products then run inline), instead of one parallel job per
+  // product. Larger batches: the experts one after another, each product tiled over the threads.
+  // Either way each row is the same function of its inputs (the kernels do not depend on the split).
+  if (int64_t(active.size()) >= 2 * pool_threads() && most <= 4)
+    parallel_for(int64_t(active.size()), [&](int64_t i) { run_expert(active[size_t(i)]); });
+  else
+    for (int64_t e : active) run_expert(e);
   // Each token's experts summed in its own choice order (never in the order of the grouping).
   parallel_for(n_tok, [&](int64_t t) {
     float* o = out + t * d;

@@ -119,7 +119,9 @@ class MoeTest : public ::testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeTest, GroupedExecutionMatchesPerTokenReference) {
   const TinyMoe m(GetParam().type, GetParam().shared, GetParam().norm);
-  const int64_t n = 23, d = m.c.n_embd;
+  // 3 tokens: at most 3 rows per expert, the experts run side by side; 23: one after another.
+  for (const int64_t n : {3, 23}) {
+  const int64_t d = m.c.n_embd;
   const auto h = random_rows(n, d, 11);
   std::vector<float> out(size_t(n * d));
   std::vector<std::atomic<uint64_t>> counts(size_t(m.c.n_expert));
@@ -134,6 +136,7 @@ TEST_P(MoeTest, GroupedExecutionMatchesPerTokenReference) {
     const auto want = ref_token(m, h.data() + t * d);
     for (int64_t i = 0; i < d; ++i)
       ASSERT_NEAR(out[size_t(t * d + i)], want[size_t(i)], tol * (1 + std::abs(want[size_t(i)]))) << "token " << t << " value " << i;
+  }
   }
 }
 
