@@ -89,9 +89,8 @@ WeightMatrix cols_of(WeightMatrix m, int64_t c0, int64_t c1, const std::string& 
 // it are given back, so that a model's resident memory is about its packed copy, not that plus the
 // file (a 7.4 GB MoE file: 14.6 GB peak before, see docs/models.md). A column slice shares every page
 // of its rows with the other ranks' columns, so without this a TP rank would also keep the whole
-// matrix resident. A page read again later (a tied embedding's rows) is mapped again from the page
-// cache. The mapping is read-only and
-// file-backed, so a page read again later is simply read from the file again.
+// matrix resident. The mapping is read-only and file-backed, so a page read again later (a tied
+// embedding's rows) is simply mapped again from the page cache or the file.
 void release_file_pages(const WeightMatrix& m) {
   if (m.empty() || (!m.packed && !m.packed_float)) return;
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
