@@ -35,23 +35,31 @@ class GgufModel : public Model {
   GgufFile file_;
 };
 
+using RenameRules = std::vector<std::pair<std::regex, std::string>>;
+
+// `name` rewritten by the first rule whose pattern matches it whole, or "" when none does.
+std::string rename(const RenameRules& rules, const std::string& name) {
+  for (const auto& [re, fmt] : rules)
+    if (std::regex_match(name, re)) return std::regex_replace(name, re, fmt);
+  return "";
+}
+
 // GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 / Qwen3 / their MoE layouts; Gemma's
-// four norms per layer).
+// four norms per layer; Phi-3's fused matrices).
 std::string hf_name(const std::string& gguf_name, const std::string& arch) {
-  static const std::vector<std::pair<std::regex, std::string>> gemma = {
+  static const RenameRules gemma = {
       {std::regex(R"(blk\.(\d+)\.ffn_norm\.(\w+))"), "model.layers.$1.pre_feedforward_layernorm.$2"},
       {std::regex(R"(blk\.(\d+)\.post_attention_norm\.(\w+))"), "model.layers.$1.post_attention_layernorm.$2"},
       {std::regex(R"(blk\.(\d+)\.post_ffw_norm\.(\w+))"), "model.layers.$1.post_feedforward_layernorm.$2"},
   };
-  static const std::vector<std::pair<std::regex, std::string>> phi3 = {
+  static const RenameRules phi3 = {
       {std::regex(R"(blk\.(\d+)\.attn_qkv\.(\w+))"), "model.layers.$1.self_attn.qkv_proj.$2"},
       {std::regex(R"(blk\.(\d+)\.ffn_up\.(\w+))"), "model.layers.$1.mlp.gate_up_proj.$2"},
   };
-  const auto* own = arch == "phi3" ? &phi3 : arch == "gemma2" || arch == "gemma3" ? &gemma : nullptr;
+  const RenameRules* own = arch == "phi3" ? &phi3 : arch == "gemma2" || arch == "gemma3" ? &gemma : nullptr;
   if (own)
-    for (const auto& [re, fmt] : *own)
-      if (std::regex_match(gguf_name, re)) return std::regex_replace(gguf_name, re, fmt);
-  static const std::vector<std::pair<std::regex, std::string>> rules = {
+    if (std::string name = rename(*own, gguf_name); !name.empty()) return name;
+  static const RenameRules rules = {
       {std::regex(R"(token_embd\.weight)"), "model.embed_tokens.weight"},
       {std::regex(R"(output_norm\.weight)"), "model.norm.weight"},
       {std::regex(R"(output\.weight)"), "lm_head.weight"},
@@ -76,22 +84,18 @@ std::string hf_name(const std::string& gguf_name, const std::string& arch) {
       {std::regex(R"(blk\.(\d+)\.ffn_up\.(\w+))"), "model.layers.$1.mlp.up_proj.$2"},
       {std::regex(R"(blk\.(\d+)\.ffn_down\.(\w+))"), "model.layers.$1.mlp.down_proj.$2"},
   };
-  for (const auto& [re, fmt] : rules)
-    if (std::regex_match(gguf_name, re)) return std::regex_replace(gguf_name, re, fmt);
-  return "";
+  return rename(rules, gguf_name);
 }
 
 // Mixtral's spelling of the same tensors (block_sparse_moe, w1 = gate, w2 = down, w3 = up), or "".
 std::string mixtral_name(const std::string& hf) {
-  static const std::vector<std::pair<std::regex, std::string>> rules = {
+  static const RenameRules rules = {
       {std::regex(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.gate_proj\.(\w+))"), "model.layers.$1.block_sparse_moe.experts.$2.w1.$3"},
       {std::regex(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.down_proj\.(\w+))"), "model.layers.$1.block_sparse_moe.experts.$2.w2.$3"},
       {std::regex(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.up_proj\.(\w+))"), "model.layers.$1.block_sparse_moe.experts.$2.w3.$3"},
       {std::regex(R"(model\.layers\.(\d+)\.mlp\.gate\.(\w+))"), "model.layers.$1.block_sparse_moe.gate.$2"},
   };
-  for (const auto& [re, fmt] : rules)
-    if (std::regex_match(hf, re)) return std::regex_replace(hf, re, fmt);
-  return "";
+  return rename(rules, hf);
 }
 
 class SafetensorsModel : public Model {

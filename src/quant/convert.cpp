@@ -196,25 +196,14 @@ void check_gemma_layer_types(const json& c, int pattern, const std::string& path
   }
 }
 
-// Gemma2Model's keys, and attention.scale where query_pre_attn_scalar is not the head size (llama.cpp
-// infers it from the model size instead; Serval reads the key).
-void add_gemma2_hparams(GgufWriter& w, const json& c, DType outtype, const std::string& path) {
+// Gemma2Model's keys beyond the common ones, and attention.scale where query_pre_attn_scalar is not
+// the head size (llama.cpp infers it from the model size instead; Serval reads the key).
+void add_gemma2_hparams(GgufWriter& w, const json& c, const std::string& path) {
   check_gemma_layer_types(c, 2, path);
-  w.add_u32("gemma2.context_length", hp_u32(c, "max_position_embeddings", path));
-  w.add_u32("gemma2.embedding_length", hp_u32(c, "hidden_size", path));
-  w.add_u32("gemma2.block_count", hp_u32(c, "num_hidden_layers", path));
-  w.add_u32("gemma2.feed_forward_length", hp_u32(c, "intermediate_size", path));
-  w.add_u32("gemma2.attention.head_count", hp_u32(c, "num_attention_heads", path));
-  w.add_u32("gemma2.attention.head_count_kv", hp_u32(c, "num_key_value_heads", path));
-  w.add_f32("gemma2.attention.layer_norm_rms_epsilon", c.value("rms_norm_eps", 1e-6f));
-  const uint32_t d = hp_u32(c, "head_dim", path);
-  w.add_u32("gemma2.attention.key_length", d);
-  w.add_u32("gemma2.attention.value_length", d);
-  w.add_u32("general.file_type", file_type_of(outtype));
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (has_number(c, key)) w.add_f32(std::string("gemma2.") + key, c[key].get<float>());
   if (has_number(c, "sliding_window")) w.add_u32("gemma2.attention.sliding_window", hp_u32(c, "sliding_window", path));
-  if (const HfRope rope = hf_rope(c, path); rope.has_theta) w.add_f32("gemma2.rope.freq_base", rope.theta);
+  const uint32_t d = hp_u32(c, "head_dim", path);
   if (has_number(c, "query_pre_attn_scalar") && c["query_pre_attn_scalar"].get<double>() != double(d)) {
     check(c["query_pre_attn_scalar"].get<double>() > 0, "{}: query_pre_attn_scalar must be positive", path);
     w.add_f32("gemma2.attention.scale", float(1.0 / std::sqrt(c["query_pre_attn_scalar"].get<double>())));
@@ -225,7 +214,7 @@ void add_gemma2_hparams(GgufWriter& w, const json& c, DType outtype, const std::
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
 void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType outtype, const std::string& path) {
   if (arch == "bert") return;  // add_bert_hparams
-  if (arch != "gemma3" && arch != "gemma2") {
+  if (arch != "gemma3") {
     add_common_hparams(w, arch, c, path);
     w.add_u32("general.file_type", file_type_of(outtype));
     add_moe_hparams(w, arch, c, path);
@@ -264,7 +253,7 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     w.add_u32("gemma3.attention.head_count_kv", c.value("num_key_value_heads", 4u));
     add_linear_rope_scaling(w, arch, c, path);
   } else if (arch == "gemma2") {
-    add_gemma2_hparams(w, c, outtype, path);
+    add_gemma2_hparams(w, c, path);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "base/utf8.h"
 
 namespace serval {
 namespace {
@@ -134,19 +135,6 @@ PreTokenizer pre_tokenizer_from_name(const std::string& name) {
 std::vector<std::string> pre_tokenizer_regexes(PreTokenizer pre) { return patterns(pre); }
 
 namespace {
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6)), out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3F)), out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
-
 // One spelling of a regex for comparison: \x{H} escapes and \r, \n written as the characters.
 std::string canonical_spelling(const std::string& re) {
   std::string out;
@@ -166,7 +154,7 @@ std::string canonical_spelling(const std::string& re) {
       cp = cp * 16 + uint32_t(std::isdigit(static_cast<unsigned char>(d)) ? d - '0' : (d | 0x20) - 'a' + 10);
     }
     if (hex && cp <= 0x10FFFF) {
-      append_utf8(out, cp);
+      out += utf8_encode(cp);
       i = close;
     } else {
       out += n == 'r' ? std::string("\r") : n == 'n' ? std::string("\n") : std::string{'\\', n};

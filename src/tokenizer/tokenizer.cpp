@@ -195,13 +195,16 @@ void Tokenizer::encode_fragment(std::string_view text, bool first_fragment, std:
     case TokenizerKind::WordPiece:
       for (const auto& word : wordpiece_words(text, vocab_.wordpiece)) encode_wordpiece_word(word, out);
       return;
-    case TokenizerKind::ByteLevelBpe:
-      for (const auto& word : pre_tokenize(pre_regex_, vocab_.nfc ? nfc_normalize(text) : std::string(text))) {
+    case TokenizerKind::ByteLevelBpe: {
+      std::string normalized;  // only when the tokenizer normalizes (NFC); else the text is split as it is
+      if (vocab_.nfc) normalized = nfc_normalize(text);
+      for (const auto& word : pre_tokenize(pre_regex_, vocab_.nfc ? std::string_view(normalized) : text)) {
         std::string mapped;
         for (unsigned char b : word) mapped += byte_to_unicode(b);
         encode_bpe_word(mapped, out);
       }
       return;
+    }
   }
 }
 

@@ -320,13 +320,16 @@ TEST(Safetensors, ShapesTypesAndScalarsAreRead) {
   EXPECT_EQ(fs.find_tensor("a")->nbytes, 4u);
 }
 
+// A small config.json of `model_type` with `extra` fields appended, written to `path` and read.
+ModelConfig small_hf_config(const std::filesystem::path& path, const std::string& model_type, const std::string& extra) {
+  std::ofstream(path) << R"({"model_type":")" << model_type << R"(","hidden_size":8,"num_hidden_layers":1,)"
+                      << R"("num_attention_heads":2,"intermediate_size":16,"vocab_size":16)" << extra << "}";
+  return config_from_hf(path.string());
+}
+
 TEST(HfConfig, BadFieldsGiveErrors) {
   const auto path = std::filesystem::temp_directory_path() / "serval-test-config.json";
-  auto load = [&](const std::string& extra) {
-    std::ofstream(path) << R"({"model_type":"llama","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,)"
-                        << R"("intermediate_size":16,"vocab_size":16)" << extra << "}";
-    return config_from_hf(path.string());
-  };
+  auto load = [&](const std::string& extra) { return small_hf_config(path, "llama", extra); };
   EXPECT_EQ(load("").d_head, 4);
   EXPECT_EQ(load(R"(,"head_dim":null,"num_key_value_heads":null)").n_head_kv, 2);
   EXPECT_THROW(load(R"(,"hidden_size":1e300)"), Error);  // duplicate key: the last one wins
@@ -340,11 +343,7 @@ TEST(HfConfig, BadFieldsGiveErrors) {
 // config; a type Serval does not implement, or a set without its base, is refused, never defaulted.
 TEST(HfConfig, RopeParametersOfTransformers5) {
   const auto path = std::filesystem::temp_directory_path() / "serval-test-rope.json";
-  auto load = [&](const std::string& extra) {
-    std::ofstream(path) << R"({"model_type":"qwen2","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,)"
-                        << R"("intermediate_size":16,"vocab_size":16)" << extra << "}";
-    return config_from_hf(path.string());
-  };
+  auto load = [&](const std::string& extra) { return small_hf_config(path, "qwen2", extra); };
   EXPECT_EQ(load("").rope_base, 10000.0f);  // neither spelling: transformers' own default
   EXPECT_EQ(load(R"(,"rope_theta":1000000.0)").rope_base, 1e6f);
   EXPECT_EQ(load(R"(,"rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"})").rope_base, 1e6f);
