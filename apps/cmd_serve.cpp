@@ -1,4 +1,5 @@
 // `serval serve MODEL`: the OpenAI-compatible server. SIGTERM / SIGINT drain gracefully and exit 0.
+#include <cstdlib>
 #include <fmt/core.h>
 #include <signal.h>
 
@@ -28,24 +29,22 @@ struct ServeOptions {
   ParallelFlags parallel;  // --tp / --pp under mpirun
   KvEventsConfig kv_events;
   std::string kv_events_config;  // vLLM's --kv-events-config JSON
-  std::string pooling;           // --pooling: an encoder's /v1/embeddings pooling (default: the model's)
+  std::string pooling;           // --pooling: /v1/embeddings pooling (default: the model's; a decoder's last)
   std::string task, runner;      // vLLM's --task / --runner, checked against the model
   LoraFlags lora;
   bool embeddings = false, reranking = false;  // llama-server's --embeddings / --reranking
+  std::string rerank_template_file;
 };
 
 // vLLM's --task / --runner and llama-server's --embeddings / --reranking name what the server is for;
-// an encoder serves the pooling APIs, a decoder generates. A flag that asks for what the model cannot
-// serve is refused at startup.
+// an encoder serves the pooling APIs, a decoder generates (and may also embed and rerank). A flag that
+// asks for what the model cannot serve is refused at startup.
 void check_model_role(const ServeOptions& o, bool encoder, const std::string& path) {
-  const bool pooling_asked = o.embeddings || o.reranking || o.runner == "pooling" ||
-                             (!o.task.empty() && o.task != "generate" && o.task != "auto");
   const bool generate_asked = o.runner == "generate" || o.task == "generate";
   check(!(encoder && generate_asked), "{}: an encoder (embedding) model cannot generate text (--task/--runner generate)", path);
-  const bool scoring_asked = o.reranking || o.task == "score" || o.task == "classify" || o.task == "reward";
-  check(!(!encoder && scoring_asked),
-        "{}: rerank and score are served by cross-encoder models (BERT with a classification head); this model "
-        "generates text (it can serve last-token embeddings with --embeddings)", path);
+  check(encoder || (o.task != "classify" && o.task != "reward"),
+        "{}: --task {} needs a classification model; a decoder serves rerank and score as a yes/no reranker "
+        "(--reranking or --task score)", path, o.task);
 }
 
 // An encoder model: the pooling APIs only (no engine, no KV cache).
@@ -114,6 +113,13 @@ void run_serve(ServeOptions& o) {
   check_model_role(o, encoder_model, path);
   o.server.decoder_embeddings = !encoder_model && (o.embeddings || o.runner == "pooling" || o.task == "embed" ||
                                                    o.task == "embedding");
+  if (const char* env = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+    o.server.runtime_lora |= std::string(env) == "True" || std::string(env) == "true" || std::string(env) == "1";
+  o.server.decoder_rerank = !encoder_model && (o.reranking || o.task == "score");
+  check(encoder_model || o.pooling.empty() || o.pooling == "mean" || o.pooling == "last",
+        "{}: a decoder pools its embeddings by the last token or the mean (--pooling last|mean), not '{}'", path, o.pooling);
+  o.server.decoder_mean_pooling = !encoder_model && o.pooling == "mean";
+  if (!o.rerank_template_file.empty()) o.server.rerank_template = read_text_file(o.rerank_template_file);
   std::unique_ptr<EncoderModel> encoder;  // outlives the server, whose embedding worker reads it
   HttpServer server(o.server);
   server.start();  // /health answers 503 while the model loads
@@ -129,6 +135,7 @@ void run_serve(ServeOptions& o) {
   auto model = o.parallel.load(path);
   o.engine.spec.load_heads(*model);
   if (const size_t n = o.lora.load(*model); n > 0) {
+    check(n <= o.server.max_loras, "{} LoRA adapters given, more than --max-loras {}", n, o.server.max_loras);
     fmt::print(stderr, "serval: {} LoRA adapter{} (requests choose one by its name as `model`, or by `lora`)\n", n,
                n == 1 ? "" : "s");
   }
@@ -216,12 +223,29 @@ void add_serve(CLI::App& app) {
                   "oldest dropped first (default 256; 0 keeps none)");
   add_kv_events_flags(cmd, *o);
   o->lora.add_to(cmd);
-  cmd->add_option("--pooling", o->pooling, "an encoder's /v1/embeddings pooling: mean, cls or last (default: the model's)")
+  cmd->add_flag("--allow-runtime-lora", s.runtime_lora,
+                "serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also on with "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)");
+  cmd->add_option("--max-loras", s.max_loras, "LoRA adapters loaded at once, at startup and at run time (default 64)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--pooling", o->pooling,
+                  "/v1/embeddings pooling: mean, cls or last (default: the model's; a decoder's: last, or mean)")
       ->check(CLI::IsMember({"mean", "cls", "last"}));
   cmd->add_flag("--embeddings,--embedding", o->embeddings,
                 "llama-server's: serve /v1/embeddings (an encoder always does; a decoder then also serves last-token "
                 "embeddings, as Qwen3-Embedding pools)");
-  cmd->add_flag("--reranking,--rerank", o->reranking, "llama-server's: serve /v1/rerank (the model must be a cross-encoder)");
+  cmd->add_flag("--reranking,--rerank", o->reranking,
+                "llama-server's: serve /v1/rerank and /score (a cross-encoder, or a decoder reranker such as "
+                "Qwen3-Reranker scored by the logits of --classifier-from-token)");
+  cmd->add_option("--classifier-from-token", s.classifier_tokens,
+                  "a decoder reranker's tokens: FALSE,TRUE (default no,yes: the sigmoid of their logits' "
+                  "difference) or one token (the sigmoid of its logit); vLLM's classifier_from_token")
+      ->delimiter(',')
+      ->expected(1, 2);
+  cmd->add_option("--rerank-template", o->rerank_template_file,
+                  "a decoder reranker's prompt file with {query} and {document} (default: the GGUF's "
+                  "tokenizer.chat_template.rerank, else Qwen3-Reranker's)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--task", o->task, "vLLM's: generate, embed, score, classify, reward or auto (checked against the model)")
       ->check(CLI::IsMember({"auto", "generate", "embed", "embedding", "score", "classify", "reward"}));
   cmd->add_option("--runner", o->runner, "vLLM's: generate, pooling or auto (checked against the model)")

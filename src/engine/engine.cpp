@@ -2,6 +2,7 @@
 
 #include "engine/capacity.h"
 
+#include <algorithm>
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -104,9 +105,9 @@ void Engine::check_request(const std::vector<int32_t>& prompt, const GenerationP
   check(params.max_tokens >= 1, "max_tokens must be at least 1 (got {})", params.max_tokens);
   check(params.draft_max >= -1, "the draft length must be -1 (the server's), 0 (off) or positive (got {})",
         params.draft_max);
-  check(params.adapter >= -1 && params.adapter < int32_t(model_.adapters().size()),
-        "LoRA adapter {} is not loaded ({} are)", params.adapter, model_.adapters().size());
+  check(params.adapter == -1 || model_.has_adapter(params.adapter), "LoRA adapter {} is not loaded", params.adapter);
   check(std::isfinite(params.adapter_scale), "the LoRA scale must be finite");
+  check(!params.embed_mean || params.embed, "mean pooling is for embedding requests");
   check(!params.embed || (params.draft_max == 0 && !params.grammar && params.prompt_logprobs < 0),
         "an embedding request takes no speculation, grammar or prompt log-probabilities");
   const int64_t total = int64_t(prompt.size()) + params.max_tokens;
@@ -187,8 +188,15 @@ void Engine::build_batch(const SchedulerOutput& plan) {
   int64_t n_logits = 0;
   batch.adapter.clear();
   batch.adapter_scale.clear();
+  batch.want_hidden.clear();
+  pool_rows_.clear();
+  int64_t n_pool = 0;
   bool adapters = false;  // a request with a LoRA adapter: every token gets its request's (or -1)
-  for (size_t s = 0; s < plan.scheduled.size(); ++s) adapters |= plan.scheduled[s].request->params.adapter >= 0;
+  bool pooling = false;   // a mean-pooled embedding: every token gets a want_hidden flag
+  for (size_t s = 0; s < plan.scheduled.size(); ++s) {
+    adapters |= plan.scheduled[s].request->params.adapter >= 0;
+    pooling |= plan.scheduled[s].request->mean_pooled();
+  }
   for (size_t s = 0; s < plan.scheduled.size(); ++s) {
     Request& r = *plan.scheduled[s].request;
     const int64_t begin = r.num_computed_tokens, end = begin + plan.scheduled[s].num_new_tokens;
@@ -233,11 +241,20 @@ void Engine::build_batch(const SchedulerOutput& plan) {
     }
     logit_row_.push_back(end >= n_known ? n_logits : -1);
     n_logits += std::max<int64_t>(0, end - n_known + 1);
+    if (pooling) {  // prompt positions before the last (whose state comes with its logits row)
+      const int64_t count = r.mean_pooled() ? std::max<int64_t>(0, std::min(end, r.n_prompt - 1) - begin) : 0;
+      pool_rows_.push_back({begin, count, n_pool});
+      n_pool += count;
+      batch.want_hidden.resize(batch.tokens.size() - size_t(end - begin), 0);
+      batch.want_hidden.resize(batch.tokens.size() - size_t(end - begin) + size_t(count), 1);
+      batch.want_hidden.resize(batch.tokens.size(), 0);
+    }
     if (adapters) {
       batch.adapter.resize(batch.tokens.size(), int16_t(r.params.adapter));
       batch.adapter_scale.resize(batch.tokens.size(), r.params.adapter_scale);
     }
   }
+  n_logit_rows_ = n_logits;
 }
 
 // Depth of each draft token (1: a child of the last known token), parents before children.
@@ -471,8 +488,9 @@ bool Engine::run_step() {
     for (Request* r : plan.preempted) proposer_->forget(*r);
   if (plan.empty()) return false;
   build_batch(plan);
-  bool embeds = false;  // an embedding request reaches its last prompt token: its hidden state is needed
-  for (size_t s = 0; s < plan.scheduled.size(); ++s) embeds |= plan.scheduled[s].request->params.embed && logit_row_[s] >= 0;
+  bool embeds = !batch_.want_hidden.empty();  // hidden states are an output: an embedding reaches its
+  for (size_t s = 0; s < plan.scheduled.size(); ++s)  // last prompt token, or mean-pools this step's
+    embeds |= plan.scheduled[s].request->params.embed && logit_row_[s] >= 0;
   try {
     const bool hidden = embeds || (proposer_ && proposer_->wants_hidden());
     model_.forward(batch_, *cache_, logits_, hidden ? &hidden_ : nullptr);
@@ -487,10 +505,11 @@ bool Engine::run_step() {
     Request& r = *plan.scheduled[s].request;
     r.num_computed_tokens += plan.scheduled[s].num_new_tokens;
     emit_prompt_logprobs(r, prompt_rows_[s]);
+    if (r.mean_pooled()) pool_hidden(r, s);
     if (r.params.embed && logit_row_[s] >= 0) {  // prefill done: the last prompt token's state is the result
       const int64_t d = model_.config().n_embd;
       const float* h = hidden_.data() + logit_row_[s] * d;
-      finish(r, FinishReason::Stop, "", std::vector<float>(h, h + d));
+      finish(r, FinishReason::Stop, "", r.mean_pooled() ? std::move(r.pool_sum) : std::vector<float>(h, h + d));
       continue;
     }
     const int64_t last_row = logit_row_[s] >= 0 ? accept_tokens(r, logit_row_[s]) : -2;
@@ -503,6 +522,26 @@ bool Engine::run_step() {
     kv_->commit_hashed(r.kv, r.block_hashes, r.num_computed_tokens, r.tokens);
   }
   return true;
+}
+
+void Engine::pool_hidden(Request& r, size_t s) {
+  const int64_t d = model_.config().n_embd;
+  r.pool_sum.resize(size_t(d), 0.0f);
+  auto add = [&](int64_t pos, int64_t row) {
+    if (pos < r.pooled) return;  // computed again after a preemption: already in the sum
+    const float* h = hidden_.data() + row * d;
+    for (int64_t i = 0; i < d; ++i) r.pool_sum[size_t(i)] += h[i];
+    r.pooled = pos + 1;
+  };
+  const PromptRows& rows = pool_rows_[s];
+  for (int64_t k = 0; k < rows.count; ++k) add(rows.first + k, n_logit_rows_ + rows.row + k);
+  if (logit_row_[s] < 0) return;
+  add(r.n_prompt - 1, logit_row_[s]);
+  for (float& v : r.pool_sum) v /= float(r.n_prompt);
+}
+
+bool Engine::adapter_in_use(int32_t id) const {
+  return std::any_of(requests_.begin(), requests_.end(), [&](const auto& r) { return r.second->params.adapter == id; });
 }
 
 EngineStats Engine::stats() const {

@@ -85,6 +85,8 @@ class Engine {
   // Drops the cached prefixes no request holds (an emptied index is announced as AllBlocksCleared).
   void reset_prefix_cache();
   bool has_work() const { return !requests_.empty(); }
+  // Whether a request (waiting, running or preempted) uses LoRA adapter `id`.
+  bool adapter_in_use(int32_t id) const;
   EngineStats stats() const;
   const KvCapacity& capacity() const { return capacity_; }
   const KvManager& kv_manager() const { return *kv_; }
@@ -123,6 +125,10 @@ class Engine {
   // Reused from step to step (no allocation in the steady state).
   Batch batch_;
   std::vector<int64_t> logit_row_;
+  // Mean-pooled embedding requests: per scheduled sequence, its want_hidden rows (prompt positions
+  // first .. first + count - 1 at hidden rows n_logit_rows_ + row ...).
+  std::vector<PromptRows> pool_rows_;
+  int64_t n_logit_rows_ = 0;
   std::unique_ptr<Proposer> proposer_;  // null: no speculative decoding
   std::vector<Request*> spec_reqs_;
   std::vector<int32_t> spec_limits_;
@@ -131,6 +137,8 @@ class Engine {
   std::vector<std::vector<int32_t>> tree_prefix_;     // ... and per group the request's slots before it
 
   bool run_step();  // step() without the event flush
+  // Adds request s's pooled rows of this step to its sum; the mean when its prefill is done.
+  void pool_hidden(Request& r, size_t s);
   void flush_kv_events();
   // Fills batch_ and logit_row_ (the logits row of each scheduled request, -1 for none); the block
   // tables are moved in from the requests' copies, brought up to date with the new blocks only.

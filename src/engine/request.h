@@ -42,6 +42,9 @@ struct GenerationParams {
   // continuous batch as generation; its final event carries the last prompt token's final hidden state
   // (after the output norm, unnormalized) and nothing is generated. No speculation or grammar.
   bool embed = false;
+  // With `embed`: the mean of every prompt token's final hidden state instead of the last one's (mean
+  // pooling). Every prompt position is then computed, never taken from the prefix cache.
+  bool embed_mean = false;
   // The LoRA adapter this request's tokens use (an index into Model::adapters(), -1 none) and its user
   // scale (the update is scale * alpha / rank * B A x). Prefix-cache blocks are keyed by both.
   int32_t adapter = -1;
@@ -98,6 +101,11 @@ struct Request {
   std::unique_ptr<grammar::GrammarMatcher> matcher;  // with params.grammar: the output's parse state
   int32_t n_preemptions = 0;
   int64_t cached_prompt_tokens = -1;
+  // A mean-pooled embedding (GenerationParams::embed_mean): the sum of the final hidden states of the
+  // prompt positions below `pooled`, in position order (positions computed again after a preemption
+  // are not added twice).
+  std::vector<float> pool_sum;
+  int64_t pooled = 0;
   int64_t prompt_logprobs_done = 1;  // prompt positions below this have had their prompt event  // prefix-cache hit at the first scheduling (-1: not scheduled yet)
   // Speculative decoding: tokens proposed to follow `tokens`, verified in this step's batch (the
   // scheduler may shorten or drop them), and the adaptive proposal length (0: not set yet).
@@ -115,6 +123,9 @@ struct Request {
   int64_t num_output_tokens() const { return num_tokens() - n_prompt; }
   bool is_finished() const { return state == RequestState::Finished; }
   bool wants_prompt_logits() const { return params.prompt_logprobs >= 0 && prompt_logprobs_done < n_prompt; }
+  bool mean_pooled() const { return params.embed && params.embed_mean; }
+  // Every prompt row is computed (no prefix-cache hit): its logits or hidden states are an output.
+  bool needs_every_prompt_row() const { return wants_prompt_logits() || mean_pooled(); }
   // Keeps the first n draft tokens (and their parents).
   void cut_draft(size_t n) {
     if (draft.size() > n) draft.resize(n);

@@ -88,8 +88,9 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
   while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_seqs) {
     Request* r = waiting_.front();
     kv_.hash_blocks(r->tokens, r->block_hashes, r->cache_salt());  // only blocks not hashed before
-    // Prompt log-probabilities need the prompt's logits: no prefix-cache hit then.
-    const PrefixHit hit = kv_.find_prefix_hashed(r->block_hashes, r->wants_prompt_logits() ? 0 : r->num_tokens());
+    // Prompt log-probabilities need the prompt's logits, mean pooling its hidden states: no prefix-cache
+    // hit then.
+    const PrefixHit hit = kv_.find_prefix_hashed(r->block_hashes, r->needs_every_prompt_row() ? 0 : r->num_tokens());
     const int64_t n_new = std::min(r->num_tokens() - hit.n_tokens, budget);
     if (!kv_.can_allocate(nullptr, &hit, hit.n_tokens + n_new)) break;
     waiting_.pop_front();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <cmath>
+#include <limits>
 #include <climits>
 #include <cstring>
 
@@ -292,6 +293,21 @@ void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, Sha
   add_rows(x.data(), down.data(), n_tok, c.n_embd);
 }
 
+std::vector<float> Model::output_row(int32_t token) const {
+  check(!config_.shard.split(), "output rows are read on a whole model only (not with --tp / --pp)");
+  const WeightMatrix& w = weights_.output;
+  check(token >= 0 && token < w.rows, "token {} is outside the output matrix ({} rows)", token, w.rows);
+  std::vector<float> row(size_t(w.cols));
+  dequantize_row(w.type, w.data + size_t(token) * w.row_stride, row.data(), w.cols);
+  return row;
+}
+
+void Model::set_adapter(size_t id, std::shared_ptr<const LoraAdapter> adapter) {
+  check(id < size_t(std::numeric_limits<int16_t>::max()), "too many LoRA adapters");
+  if (adapters_.size() <= id) adapters_.resize(id + 1);
+  adapters_[id] = std::move(adapter);
+}
+
 void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const {
   if (batch.adapter.empty()) return;
   // The step's tokens grouped by adapter (Punica / S-LoRA's segments); each adapter's A and B are read
@@ -362,7 +378,10 @@ void Model::validate_batch(const Batch& batch, const KvCache& kv) const {
   check(batch.block_size > 0, "block size must be positive");
   check(batch.adapter.empty() || (batch.adapter.size() == batch.size() && batch.adapter_scale.size() == batch.size()),
         "batch adapters incomplete");
-  for (int16_t a : batch.adapter) check(a >= -1 && a < int(adapters_.size()), "LoRA adapter {} is not loaded", a);
+  check(batch.want_logits.size() == batch.size() && (batch.want_hidden.empty() || batch.want_hidden.size() == batch.size()),
+        "batch output rows incomplete");
+  check(batch.want_hidden.empty() || !c.shard.split(), "hidden-state rows without logits need a whole model (not --tp / --pp)");
+  for (int16_t a : batch.adapter) check(a == -1 || has_adapter(a), "LoRA adapter {} is not loaded", a);
   for (int32_t bs : batch.table_block_size) check(bs > 0, "block size must be positive");
   for (int g = 0; g < batch.n_groups(); ++g) {
     check(batch.slots[g].size() == batch.size(), "batch slots of group {} incomplete", g);
@@ -444,7 +463,7 @@ bool Model::forward_rows(const Batch& batch, KvCache& kv, ShardIo* io, std::vect
   std::vector<float> local;
   std::vector<float>& out_rows = hidden ? *hidden : local;
   if (!final_rows(batch, kv, out_rows, io)) return false;
-  const int64_t n_out = static_cast<int64_t>(out_rows.size()) / c.n_embd;
+  const auto n_out = int64_t(std::count(batch.want_logits.begin(), batch.want_logits.end(), uint8_t(1)));
   logits.resize(n_out * weights_.output.rows);
   if (n_out == 0) return true;
   observe(-1, {"output"}, out_rows.data(), n_out, c.n_embd);
@@ -490,12 +509,14 @@ bool Model::final_rows(const Batch& batch, KvCache& kv, std::vector<float>& out_
     io->send_next(x.data(), n_tok * c.n_embd);
     return false;
   }
-  for (int64_t t = 0; t < n_tok; ++t) {
-    if (!batch.want_logits[t]) continue;
-    out_rows.resize(out_rows.size() + c.n_embd);
-    rms_norm(x.data() + t * c.n_embd, weights_.output_norm.data(), out_rows.data() + out_rows.size() - c.n_embd,
-             c.n_embd, c.norm_eps);
-  }
+  for (int pass = 0; pass < 2; ++pass)  // the want_logits rows, then the want_hidden ones
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const bool wanted = pass == 0 ? batch.want_logits[t] : !batch.want_hidden.empty() && batch.want_hidden[t] && !batch.want_logits[t];
+      if (!wanted) continue;
+      out_rows.resize(out_rows.size() + c.n_embd);
+      rms_norm(x.data() + t * c.n_embd, weights_.output_norm.data(), out_rows.data() + out_rows.size() - c.n_embd,
+               c.n_embd, c.norm_eps);
+    }
   return true;
 }
 

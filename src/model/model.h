@@ -79,6 +79,9 @@ struct Batch {
   std::vector<int32_t> positions;
   std::vector<int32_t> seq_ids;  // index into block_tables[g]
   std::vector<uint8_t> want_logits;
+  // [token] (empty: none): rows whose final hidden state is wanted without their logits (mean pooling
+  // of a decoder embedder); forward() appends them to `hidden` after the want_logits rows.
+  std::vector<uint8_t> want_hidden;
   std::vector<std::vector<int32_t>> slots;  // [group][token]: slot this token's K/V is written to
   // [group][sequence]: the sequence's block table, covering positions 0..max position in this batch
   // (earlier tokens included): position p is in slot table[p / block_size] * block_size +
@@ -145,12 +148,16 @@ class Model {
   virtual ~Model() = default;
 
   const ModelConfig& config() const { return config_; }
+  // Row `token` of the output matrix as floats [n_embd] (a decoder reranker scores the final hidden
+  // state against the rows of its yes / no tokens). Not on a split model.
+  std::vector<float> output_row(int32_t token) const;
   const ModelWeights& weights() const { return weights_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::string& path() const { return path_; }
 
   // Runs the batch; writes logits [rows with want_logits, n_vocab] in batch order and, when `hidden` is
-  // given, the same rows' final hidden states (after the output norm) [rows, n_embd].
+  // given, the same rows' final hidden states (after the output norm) [rows, n_embd], then those of
+  // the want_hidden rows.
   void forward(const Batch& batch, KvCache& kv, std::vector<float>& logits, std::vector<float>* hidden = nullptr) const;
   // Only the final hidden states of the want_logits rows (no output matrix: cheap for training heads).
   void forward_hidden(const Batch& batch, KvCache& kv, std::vector<float>& hidden) const;
@@ -170,7 +177,11 @@ class Model {
   // LoRA adapters that batches may name per token (Batch::adapter); set before serving, or between
   // forward passes on the thread that runs them.
   void set_adapters(std::vector<std::shared_ptr<const LoraAdapter>> adapters) { adapters_ = std::move(adapters); }
+  // Puts `adapter` at index `id` (growing the list), or empties that slot (null: an unloaded adapter,
+  // which no batch may name any more). Same rule as set_adapters.
+  void set_adapter(size_t id, std::shared_ptr<const LoraAdapter> adapter);
   const std::vector<std::shared_ptr<const LoraAdapter>>& adapters() const { return adapters_; }
+  bool has_adapter(int32_t id) const { return id >= 0 && size_t(id) < adapters_.size() && adapters_[size_t(id)]; }
   // Keys are centred before a quantized (q8_0, fp8_e4m3) cache stores them: a fixed vector per layer,
   // the rotary mean of the layer's K bias (k_centres()), is subtracted from every key. A query's scores
   // then all move by the same amount (q . centre), which softmax cancels, so attention is unchanged in

@@ -363,11 +363,33 @@ void check_model_name(const json& body, const ApiContext& ctx) {
   if (!body.contains("model") || body["model"].is_null()) return;
   if (!body["model"].is_string()) bad_request("'model' must be a string", "model");
   const std::string name = body["model"].get<std::string>();
-  const bool adapter = std::any_of(ctx.adapters.begin(), ctx.adapters.end(), [&](const auto& a) { return a.name == name; });
-  if (name != ctx.model_name && !adapter)
+  const auto adapters = ctx.adapters.get();
+  if (name != ctx.model_name && AdapterList::find(*adapters, name) < 0)
     throw ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'{}", name, ctx.model_name,
-                                    ctx.adapters.empty() ? "" : " and its LoRA adapters (see /v1/models)"),
+                                    AdapterList::loaded(*adapters) == 0 ? "" : " and its LoRA adapters (see /v1/models)"),
                    "NotFoundError", "model", "model_not_found"};
+}
+
+AdapterList::Snapshot AdapterList::get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return list_;
+}
+
+void AdapterList::set(std::vector<Adapter> list) {
+  auto next = std::make_shared<const std::vector<Adapter>>(std::move(list));
+  std::lock_guard<std::mutex> lock(mu_);
+  list_ = std::move(next);
+}
+
+int32_t AdapterList::find(const std::vector<Adapter>& list, const std::string& name) {
+  if (name.empty()) return -1;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].name == name) return int32_t(i);
+  return -1;
+}
+
+size_t AdapterList::loaded(const std::vector<Adapter>& list) {
+  return size_t(std::count_if(list.begin(), list.end(), [](const Adapter& a) { return !a.name.empty(); }));
 }
 
 // The messages as chat templates expect them: `content` a string. Null content (an assistant turn that
@@ -505,12 +527,13 @@ void constraint_from(const json& b, bool chat, const ApiContext& ctx, GenJob& jo
 // The LoRA adapter of a request: `model` naming one (vLLM), or llama-server's `lora` list of
 // {"id", "scale"} (entries with scale 0 mean "not this one"; one adapter per request).
 static void adapter_from(const json& b, const ApiContext& ctx, GenerationParams& params) {
+  const auto snapshot = ctx.adapters.get();
+  const std::vector<AdapterList::Adapter>& adapters = *snapshot;
   if (b.contains("model") && b["model"].is_string())
-    for (size_t i = 0; i < ctx.adapters.size(); ++i)
-      if (ctx.adapters[i].name == b["model"].get<std::string>()) {
-        params.adapter = int32_t(i);
-        params.adapter_scale = ctx.adapters[i].scale;
-      }
+    if (const int32_t id = AdapterList::find(adapters, b["model"].get<std::string>()); id >= 0) {
+      params.adapter = id;
+      params.adapter_scale = adapters[size_t(id)].scale;
+    }
   if (!b.contains("lora") || b["lora"].is_null()) return;
   const json& l = b["lora"];
   if (!l.is_array() || l.size() > 64) bad_request("'lora' must be a list of {\"id\", \"scale\"} objects", "lora");
@@ -520,8 +543,8 @@ static void adapter_from(const json& b, const ApiContext& ctx, GenerationParams&
       bad_request("each 'lora' entry must be {\"id\": integer, \"scale\": number}", "lora");
     const int64_t id = e["id"].get<int64_t>();
     const double scale = e["scale"].get<double>();
-    if (id < 0 || id >= int64_t(ctx.adapters.size()))
-      bad_request(fmt::format("LoRA adapter id {} is not loaded ({} are; see /lora-adapters)", id, ctx.adapters.size()), "lora");
+    if (id < 0 || id >= int64_t(adapters.size()) || adapters[size_t(id)].name.empty())
+      bad_request(fmt::format("LoRA adapter id {} is not loaded (see /lora-adapters)", id), "lora");
     if (!std::isfinite(scale) || std::abs(scale) > 1e4) bad_request("a LoRA scale must be a finite number", "lora");
     if (scale == 0) continue;
     if (++chosen > 1) bad_request("at most one LoRA adapter per request (with a non-zero scale)", "lora");

@@ -3,6 +3,8 @@
 // client gets. No I/O and no engine access, so it can be fuzzed on its own (fuzz_http_request).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -36,6 +38,29 @@ json error_json(const ApiError& e);
 // JSON text; invalid UTF-8 in strings is replaced rather than thrown on.
 std::string dump(const json& j);
 
+// The LoRA adapters requests may choose, by name or by id (the index). An unloaded adapter keeps its
+// id with an empty name, so an id never names two adapters. Thread-safe: readers take a snapshot, and
+// the server replaces the whole list when it loads or unloads one.
+class AdapterList {
+ public:
+  struct Adapter {
+    std::string name;  // empty: unloaded
+    std::string path;
+    float scale = 1.0f;
+    int64_t rank = 0;
+  };
+  using Snapshot = std::shared_ptr<const std::vector<Adapter>>;
+  Snapshot get() const;
+  void set(std::vector<Adapter> list);
+  // The id of the loaded adapter named `name`, or -1.
+  static int32_t find(const std::vector<Adapter>& list, const std::string& name);
+  static size_t loaded(const std::vector<Adapter>& list);
+
+ private:
+  mutable std::mutex mu_;
+  Snapshot list_ = std::make_shared<const std::vector<Adapter>>();
+};
+
 // What validation needs to know about the served model and the server's settings.
 struct ApiContext {
   const Tokenizer* tokenizer = nullptr;
@@ -46,13 +71,9 @@ struct ApiContext {
   std::string model_name;
   ToolFormat tool_format = ToolFormat::Hermes;  // how the model writes tool calls (from its template)
   ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: chat replies split their thinking
-  // LoRA adapters loaded at startup (--lora): a request's `model` may name one (vLLM), or its `lora`
-  // field pick one by index with a scale (llama-server).
-  struct Adapter {
-    std::string name;
-    float scale = 1.0f;
-  };
-  std::vector<Adapter> adapters;
+  // LoRA adapters (--lora, or loaded at run time): a request's `model` may name one (vLLM), or its
+  // `lora` field pick one by id with a scale (llama-server).
+  AdapterList adapters;
 };
 
 // Everything one completion / chat request asks for, validated.

@@ -251,4 +251,34 @@ json score_response(const RerankJob& job, const std::vector<float>& logits, cons
               {"data", std::move(data)}, {"usage", {{"prompt_tokens", job.tokens}, {"total_tokens", job.tokens}}}};
 }
 
+const char* const kDefaultRerankTemplate =
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a "
+    "web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: "
+    "{document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+
+std::string rerank_prompt(const std::string& tmpl, const std::string& query, const std::string& document) {
+  static const std::string q = "{query}", d = "{document}";
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    if (tmpl.compare(i, q.size(), q) == 0) {
+      out += query, i += q.size();
+    } else if (tmpl.compare(i, d.size(), d) == 0) {
+      out += document, i += d.size();
+    } else {
+      out += tmpl[i++];
+    }
+  }
+  return out;
+}
+
+float DecoderScorer::logit(const std::vector<float>& hidden) const {
+  auto token_logit = [&](const std::vector<float>& w) {
+    double acc = 0;
+    for (size_t i = 0; i < w.size() && i < hidden.size(); ++i) acc += double(w[i]) * double(hidden[i]);
+    return softcap > 0 ? double(softcap) * std::tanh(acc / double(softcap)) : acc;
+  };
+  return float(w_false.empty() ? token_logit(w_true) : token_logit(w_true) - token_logit(w_false));
+}
+
 }  // namespace serval

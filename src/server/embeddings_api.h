@@ -55,6 +55,21 @@ RerankJob parse_rerank_request(const json& body, const PoolingTarget& model, con
 // Jina/Cohere's shape: results sorted by relevance_score (the sigmoid of the cross-encoder's logit).
 json rerank_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name);
 
+// A decoder as a reranker (Qwen3-Reranker; vLLM's classifier_from_token): a (query, document) pair is
+// one prompt, and its relevance logit is the logit of the "true" token at the prompt's last position
+// minus that of the "false" token, so that the sigmoid of it is the softmax probability of "true" over
+// the two (one token alone: the sigmoid of its logit). Logits are computed in F32 from the final hidden
+// state and the dequantized output rows.
+struct DecoderScorer {
+  std::vector<float> w_true, w_false;  // output rows; w_false empty with one token
+  float softcap = 0;                   // the model's final logit soft-capping (Gemma 2), 0: none
+  float logit(const std::vector<float>& hidden) const;
+};
+// Qwen3-Reranker's prompt (the model card's, with its default instruction).
+extern const char* const kDefaultRerankTemplate;
+// `tmpl` with its {query} and {document} replaced by the texts (the texts themselves are not searched).
+std::string rerank_prompt(const std::string& tmpl, const std::string& query, const std::string& document);
+
 // vLLM's /score: text_1 and text_2 each a string or a list; one text_1 is scored against every text_2,
 // otherwise the lists pair up index by index.
 RerankJob parse_score_request(const json& body, const PoolingTarget& model, const ApiContext& ctx);

@@ -18,6 +18,7 @@
 #include "server/embeddings_api.h"
 #include "server/http_transport.h"
 #include "server/jinja.h"
+#include "server/lora_admin.h"
 #include "server/messages_api.h"
 #include "server/openapi.h"
 #include "server/responses_api.h"
@@ -72,7 +73,8 @@ struct HttpServer::Impl {
   std::unique_ptr<EmbeddingService> embedder;  // an encoder's, else null
   Pooling pooling = Pooling::Mean;             // of /v1/embeddings
   PoolingTarget target;                        // what the pooling APIs check requests against
-  std::vector<std::shared_ptr<const LoraAdapter>> adapters;  // the model's (set by attach)
+  DecoderScorer scorer;                        // a decoder reranker's (ServerConfig::decoder_rerank)
+  std::unique_ptr<LoraAdmin> lora_admin;        // with --allow-runtime-lora, else null
   std::atomic<bool> ready{false};
   std::unique_ptr<jinja::Template> chat_template;
   ApiContext api;
@@ -107,6 +109,8 @@ struct HttpServer::Impl {
   void get_metrics(http::Request&, Exchange ex);
   void get_models(http::Request&, Exchange ex);
   void get_lora_adapters(http::Request&, Exchange ex);
+  void post_load_lora(http::Request& req, Exchange ex);
+  void post_unload_lora(http::Request& req, Exchange ex);
   void get_engine_state(http::Request&, Exchange ex);
   void get_engine_blocks(http::Request&, Exchange ex);
   void post_reset_prefix_cache(http::Request&, Exchange ex);
@@ -121,7 +125,9 @@ struct HttpServer::Impl {
   void post_embeddings(http::Request& req, Exchange ex);
   void post_rerank(http::Request& req, Exchange ex);
   void post_score(http::Request& req, Exchange ex);
-  std::vector<std::vector<float>> embed_with_engine(std::vector<EncoderInput> inputs);
+  std::vector<std::vector<float>> embed_with_engine(std::vector<EncoderInput> inputs, bool mean);
+  std::vector<float> classify(std::vector<EncoderInput> inputs);
+  void attach_decoder_pooling(const Model& model);
   void generate(http::Request& req, Exchange ex, bool chat);
   void start_run(const http::Request& req, Exchange ex, GenJob job);
   json engine_state();
@@ -135,6 +141,8 @@ void HttpServer::Impl::add_routes() {
       {{"GET", "/metrics"}, {true, &Impl::get_metrics}},
       {{"GET", "/v1/models"}, {true, &Impl::get_models}},
       {{"GET", "/lora-adapters"}, {true, &Impl::get_lora_adapters}},
+      {{"POST", "/v1/load_lora_adapter"}, {false, &Impl::post_load_lora}},
+      {{"POST", "/v1/unload_lora_adapter"}, {false, &Impl::post_unload_lora}},
       {{"GET", "/engine/state"}, {false, &Impl::get_engine_state}},
       {{"GET", "/engine/blocks"}, {false, &Impl::get_engine_blocks}},
       {{"POST", "/reset_prefix_cache"}, {false, &Impl::post_reset_prefix_cache}},
@@ -204,7 +212,8 @@ static bool is_api_path(const std::string& path) {
 static bool is_generation_path(const std::string& path) {
   static const std::set<std::string> paths = {"/v1/completions", "/v1/chat/completions", "/v1/messages",
                                               "/v1/messages/count_tokens", "/v1/responses", "/engine/state",
-                                              "/engine/blocks", "/reset_prefix_cache"};
+                                              "/engine/blocks", "/reset_prefix_cache", "/v1/load_lora_adapter",
+                                              "/v1/unload_lora_adapter"};
   return paths.count(path) > 0 || path.rfind("/v1/responses/", 0) == 0;
 }
 static bool is_pooling_path(const std::string& path) {
@@ -219,12 +228,14 @@ std::optional<http::Response> HttpServer::Impl::route_fits_model(const http::Req
                                                     "not text generation", model_name,
                                                     embedder->model().config().n_classes > 0 ? ", /v1/rerank and /score" : ""),
                                    "invalid_request_error"});
-  const bool decoder_embeds = cfg.decoder_embeddings && (req.path == "/v1/embeddings" || req.path == "/embeddings");
-  if (!embedder && is_pooling_path(req.path) && !decoder_embeds)
+  const bool embeddings_path = req.path == "/v1/embeddings" || req.path == "/embeddings";
+  const bool decoder_serves = embeddings_path ? cfg.decoder_embeddings : cfg.decoder_rerank;
+  if (!embedder && is_pooling_path(req.path) && !decoder_serves)
     return error_for(req, ApiError{400, fmt::format("The model '{}' generates text; {} need an encoder model (serve "
                                                     "all-MiniLM-L6-v2 or a cross-encoder){}", model_name,
-                                                    cfg.decoder_embeddings ? "rerank and score" : "embeddings, rerank and score",
-                                                    cfg.decoder_embeddings ? "" : ", or this one with --embeddings for last-token embeddings"),
+                                                    embeddings_path ? "embeddings" : "rerank and score",
+                                                    embeddings_path ? ", or this one with --embeddings for last-token embeddings"
+                                                                    : ", or a decoder reranker with --reranking"),
                                    "invalid_request_error"});
   return std::nullopt;
 }
@@ -285,19 +296,35 @@ void HttpServer::Impl::get_metrics(http::Request&, Exchange ex) {
 void HttpServer::Impl::get_models(http::Request&, Exchange ex) {
   json data = json::array({json{{"id", model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
                                 {"max_model_len", api.max_model_len}}});
-  for (const auto& a : adapters)  // vLLM lists each adapter with the base model as its parent
-    data.push_back({{"id", a->name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
-                    {"root", a->path}, {"parent", model_name}, {"max_model_len", api.max_model_len}});
+  for (const auto& a : *api.adapters.get())  // vLLM lists each adapter with the base model as its parent
+    if (!a.name.empty())
+      data.push_back({{"id", a.name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "serval"},
+                      {"root", a.path}, {"parent", model_name}, {"max_model_len", api.max_model_len}});
   reply(ex, json_response(200, json{{"object", "list"}, {"data", std::move(data)}}));
 }
 
 // llama-server's list of the loaded adapters (requests pick one with `lora: [{"id", "scale"}]`).
 void HttpServer::Impl::get_lora_adapters(http::Request&, Exchange ex) {
   json list = json::array();
-  for (size_t i = 0; i < adapters.size(); ++i)
-    list.push_back({{"id", i}, {"name", adapters[i]->name}, {"path", adapters[i]->path}, {"scale", adapters[i]->scale},
-                    {"rank", adapters[i]->rank}});
+  const auto adapters = api.adapters.get();
+  for (size_t i = 0; i < adapters->size(); ++i)
+    if (const auto& a = (*adapters)[i]; !a.name.empty())
+      list.push_back({{"id", i}, {"name", a.name}, {"path", a.path}, {"scale", a.scale}, {"rank", a.rank}});
   reply(ex, json_response(200, list));
+}
+
+// vLLM's runtime adapter updates: plain-text replies, as vLLM's.
+static const char* kRuntimeLoraOff =
+    "Runtime LoRA updates are off: start the server with --allow-runtime-lora (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)";
+
+void HttpServer::Impl::post_load_lora(http::Request& req, Exchange ex) {
+  if (!lora_admin) throw ApiError{404, kRuntimeLoraOff, "NotFoundError"};
+  reply(ex, http::Response{200, "text/plain; charset=utf-8", lora_admin->load(parse_json_body(req.body)), {}});
+}
+
+void HttpServer::Impl::post_unload_lora(http::Request& req, Exchange ex) {
+  if (!lora_admin) throw ApiError{404, kRuntimeLoraOff, "NotFoundError"};
+  reply(ex, http::Response{200, "text/plain; charset=utf-8", lora_admin->unload(parse_json_body(req.body)), {}});
 }
 
 void HttpServer::Impl::get_engine_state(http::Request&, Exchange ex) { reply(ex, json_response(200, engine_state())); }
@@ -350,25 +377,33 @@ void HttpServer::Impl::post_responses(http::Request& req, Exchange ex) {
 
 void HttpServer::Impl::post_embeddings(http::Request& req, Exchange ex) {
   EmbeddingJob job = parse_embeddings_request(parse_json_body(req.body), target, api);
-  auto vectors = embedder ? embedder->embed(std::move(job.inputs), pooling) : embed_with_engine(std::move(job.inputs));
+  auto vectors = embedder ? embedder->embed(std::move(job.inputs), pooling)
+                         : embed_with_engine(std::move(job.inputs), cfg.decoder_mean_pooling);
   reply(ex, json_response(200, embeddings_response(job, std::move(vectors), model_name)));
 }
 
 void HttpServer::Impl::post_rerank(http::Request& req, Exchange ex) {
   RerankJob job = parse_rerank_request(parse_json_body(req.body), target, api);
-  const std::vector<float> logits = embedder->classify(std::move(job.inputs));
-  reply(ex, json_response(200, rerank_response(job, logits, model_name)));
+  reply(ex, json_response(200, rerank_response(job, classify(std::move(job.inputs)), model_name)));
 }
 
 void HttpServer::Impl::post_score(http::Request& req, Exchange ex) {
   RerankJob job = parse_score_request(parse_json_body(req.body), target, api);
-  const std::vector<float> logits = embedder->classify(std::move(job.inputs));
-  reply(ex, json_response(200, score_response(job, logits, model_name)));
+  reply(ex, json_response(200, score_response(job, classify(std::move(job.inputs)), model_name)));
+}
+
+// A cross-encoder's logits, or a decoder reranker's from the last prompt token's hidden state.
+std::vector<float> HttpServer::Impl::classify(std::vector<EncoderInput> inputs) {
+  if (embedder) return embedder->classify(std::move(inputs));
+  std::vector<float> logits;
+  for (const auto& h : embed_with_engine(std::move(inputs), /*mean=*/false)) logits.push_back(scorer.logit(h));
+  return logits;
 }
 
 // A decoder as an embedder: each input a prefill-only request in the engine's continuous batch (beside
-// the generating ones); its final event carries the last prompt token's hidden state.
-std::vector<std::vector<float>> HttpServer::Impl::embed_with_engine(std::vector<EncoderInput> inputs) {
+// the generating ones); its final event carries the last prompt token's hidden state, or the mean of
+// all of them (`mean`).
+std::vector<std::vector<float>> HttpServer::Impl::embed_with_engine(std::vector<EncoderInput> inputs, bool mean) {
   const int64_t waiting = loop->waiting();
   if (waiting >= cfg.max_waiting)
     throw ApiError{429, fmt::format("The server is busy ({} requests waiting); retry later", waiting), "rate_limit_exceeded"};
@@ -376,6 +411,7 @@ std::vector<std::vector<float>> HttpServer::Impl::embed_with_engine(std::vector<
   std::map<RequestId, size_t> index;
   GenerationParams params;
   params.embed = true;
+  params.embed_mean = mean;
   params.max_tokens = 1;
   params.draft_max = 0;
   try {
@@ -526,15 +562,18 @@ void HttpServer::start() {
 
 size_t HttpServer::peak_connections() const { return impl_->transport->peak_connections(); }
 
-void HttpServer::attach(const Model& model, EngineLoop& loop) {
+void HttpServer::attach(Model& model, EngineLoop& loop) {
   impl_->loop = &loop;
   ApiContext& api = impl_->api;
   api.tokenizer = &model.tokenizer();
   api.model_name = impl_->model_name;
   api.trust_request_chat_template = config_.trust_request_chat_template;
   api.reasoning = config_.reasoning;
-  impl_->adapters = model.adapters();
-  for (const auto& a : model.adapters()) api.adapters.push_back({a->name, a->scale});
+  std::vector<AdapterList::Adapter> adapters;
+  for (const auto& a : model.adapters()) adapters.push_back({a->name, a->path, a->scale, a->rank});
+  api.adapters.set(std::move(adapters));
+  if (config_.runtime_lora)
+    impl_->lora_admin = std::make_unique<LoraAdmin>(model, loop, api.adapters, impl_->model_name, config_.max_loras);
   loop.run_on_engine([&](Engine& e) { api.max_model_len = e.max_model_len(); });
   const std::string source = config_.chat_template.empty() ? model.tokenizer().vocab().chat_template : config_.chat_template;
   api.tool_format = tool_format_for_template(source);
@@ -546,16 +585,40 @@ void HttpServer::attach(const Model& model, EngineLoop& loop) {
     }
   }
   api.chat_template = impl_->chat_template.get();
-  PoolingTarget& t = impl_->target;  // a decoder as an embedder (--embeddings): last-token pooling
+  impl_->attach_decoder_pooling(model);
+  impl_->model.store(&model);
+  impl_->ready = true;  // publishes everything above
+}
+
+// A decoder as an embedder (--embeddings: last-token pooling) or a reranker (--reranking).
+void HttpServer::Impl::attach_decoder_pooling(const Model& model) {
+  PoolingTarget& t = target;
   t.max_tokens = api.max_model_len - 1, t.n_vocab = model.config().n_vocab, t.n_embd = model.config().n_embd;
-  t.tokenize = [&tok = model.tokenizer()](const std::string& s) {
+  const Tokenizer& tok = model.tokenizer();
+  auto encode = [&tok](const std::string& s) {
     EncoderInput in;
     in.tokens = tok.encode(s, /*add_special=*/true, /*parse_special=*/true);
     in.types.assign(in.tokens.size(), 0);
     return in;
   };
-  impl_->model.store(&model);
-  impl_->ready = true;  // publishes everything above
+  t.tokenize = encode;
+  if (!cfg.decoder_rerank) return;
+  const std::string tmpl = !cfg.rerank_template.empty()        ? cfg.rerank_template
+                           : !tok.vocab().rerank_template.empty() ? tok.vocab().rerank_template
+                                                                  : kDefaultRerankTemplate;
+  t.n_classes = 1;
+  t.tokenize_pair = [encode, tmpl](const std::string& q, const std::string& d) { return encode(rerank_prompt(tmpl, q, d)); };
+  const auto& names = cfg.classifier_tokens;
+  check(names.size() == 1 || names.size() == 2, "a decoder reranker scores by one token or by two (false, true)");
+  std::vector<std::vector<float>> rows;
+  for (const auto& name : names) {
+    const int32_t id = tok.find(name);
+    check(id >= 0, "the reranker's token '{}' is not in the vocabulary (see --classifier-from-token)", name);
+    rows.push_back(model.output_row(id));
+  }
+  scorer.w_true = std::move(rows.back());
+  if (rows.size() == 2) scorer.w_false = std::move(rows.front());
+  scorer.softcap = model.config().final_softcap;
 }
 
 void HttpServer::attach_encoder(const EncoderModel& model, std::optional<int> pooling) {

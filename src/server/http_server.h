@@ -45,6 +45,15 @@ struct ServerConfig {
   ReasoningFormat reasoning = ReasoningFormat::None;  // --reasoning-parser: split the thinking in chat replies
   size_t responses_store = 256;  // Responses API: responses kept for previous_response_id (oldest dropped)
   bool decoder_embeddings = false;  // a generating model also serves /v1/embeddings (last-token pooling)
+  bool decoder_mean_pooling = false;  // ... with mean pooling instead (--pooling mean)
+  // A generating model also serves /v1/rerank and /score (a decoder reranker): the prompt template
+  // (empty: the GGUF's tokenizer.chat_template.rerank, else kDefaultRerankTemplate) and the tokens
+  // whose logits score it ([false, true], or one token).
+  bool decoder_rerank = false;
+  std::string rerank_template;
+  std::vector<std::string> classifier_tokens = {"no", "yes"};
+  bool runtime_lora = false;  // vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter are on
+  size_t max_loras = 64;      // LoRA adapters loaded at once (startup and run time together)
 };
 
 class HttpServer {
@@ -54,8 +63,9 @@ class HttpServer {
 
   // Starts listening (GET /health answers 503 until attach()); throws Error if the port is taken.
   void start();
-  // Serves `loop`'s engine from now on.
-  void attach(const Model& model, EngineLoop& loop);
+  // Serves `loop`'s engine from now on. The model's LoRA adapters change only through the loop's
+  // engine thread (runtime loading, ServerConfig::runtime_lora).
+  void attach(Model& model, EngineLoop& loop);
   // Serves an encoder model from now on: /v1/embeddings, and /v1/rerank and /score when it is a
   // cross-encoder; the generation routes answer 400.
   // `pooling` overrides the model's (--pooling).

@@ -193,6 +193,7 @@ Vocab vocab_from_gguf(const GgufFile& g) {
   v.add_bos = g.find_bool("tokenizer.ggml.add_bos_token").value_or(v.kind == TokenizerKind::Spm);
   v.add_eos = g.find_bool("tokenizer.ggml.add_eos_token").value_or(false);
   v.chat_template = g.find_string("tokenizer.chat_template").value_or("");
+  v.rerank_template = g.find_string("tokenizer.chat_template.rerank").value_or("");
   if (v.kind == TokenizerKind::WordPiece) set_wordpiece_specials(v, g);
   return v;
 }

@@ -40,6 +40,7 @@ struct Vocab {
   bool add_bos = false, add_eos = false;
   std::vector<int32_t> end_of_generation;  // EOS, EOT and similar ids that end a reply
   std::string chat_template;
+  std::string rerank_template;  // GGUF tokenizer.chat_template.rerank: a decoder reranker's prompt
 };
 
 class Tokenizer {

@@ -431,4 +431,77 @@ def test_decoder_embeddings_beside_generation_are_batch_invariant():
     finally:
         assert s.stop() == 0
     p = run("serve", MODELS / "TinyStories-656K", "--port", "0", "--reranking", check=False)
-    assert p.returncode == 1 and "cross-encoder" in p.stderr
+    assert p.returncode == 1 and "'yes' is not in the vocabulary" in p.stderr  # a decoder reranker needs its tokens
+
+
+# --- decoders: mean pooling, and yes/no rerankers (tests/data/embeddings/decoder_heads.json) ---
+
+HEADS = json.loads((EMB / "decoder_heads.json").read_text())
+
+
+def test_decoder_mean_pooling_equals_transformers():
+    """Every prompt position's final hidden state, averaged; prompts split over several steps (16 tokens
+    per step) and asked twice (the second time their blocks are in the prefix cache, which mean pooling
+    must not use)."""
+    rows = HEADS["mean"]
+    texts = [r["text"] for r in rows]
+    s = Server(EMB / "tiny_qwen2", "--pooling", "mean", "--embeddings", "--max-num-batched-tokens", "16")
+    try:
+        got, body = embed(s, texts)
+        assert body["usage"]["prompt_tokens"] == sum(len(r["ids"]) for r in rows)
+        want = np.array([r["mean"] for r in rows])
+        assert cosines(got, want).min() >= 0.99999, cosines(got, want).min()
+        last = np.array([r["last"] for r in TINY["decoders"]["tiny_qwen2"] if r["text"] in texts])
+        assert cosines(got[:len(last)], last).max() < 0.99  # mean is not the last token's state
+        again = np.array([embed(s, t)[0][0] for t in texts])
+        assert np.array_equal(again, got)  # alone, from a warm prefix cache: the same bits
+    finally:
+        assert s.stop() == 0
+
+
+def rerank_scores(server, query, documents, path="/v1/rerank"):
+    status, body, _ = server.post(path, {"query": query, "documents": documents, "top_n": len(documents)})
+    assert status == 200, body
+    return {r["index"]: r["relevance_score"] for r in body["results"]}, body
+
+
+@pytest.mark.parametrize("flags", [["--reranking"], ["--task", "score"]])
+def test_decoder_reranker_equals_transformers(flags):
+    pairs = HEADS["rerank"]
+    s = Server(EMB / "tiny_qwen2", *flags, "--classifier-from-token", ",".join(HEADS["tokens"]),
+               "--rerank-template", EMB / "rerank_template.txt")
+    try:
+        template = (EMB / "rerank_template.txt").read_text()
+        p = pairs[0]
+        text = template.replace("{query}", p["query"]).replace("{document}", p["document"])
+        assert s.post("/tokenize", {"prompt": text})[1]["tokens"] == p["ids"]
+        for query in dict.fromkeys(p["query"] for p in pairs):
+            rows = [p for p in pairs if p["query"] == query]
+            scores, body = rerank_scores(s, query, [r["document"] for r in rows])
+            assert max(abs(scores[i] - r["score"]) for i, r in enumerate(rows)) <= 1e-4
+            got = [r["relevance_score"] for r in body["results"]]
+            assert got == sorted(got, reverse=True)
+            assert body["usage"]["prompt_tokens"] == sum(len(r["ids"]) for r in rows)
+            status, body, _ = s.post("/score", {"text_1": query, "text_2": [r["document"] for r in rows]})
+            assert status == 200 and max(abs(d["score"] - r["score"]) for d, r in zip(body["data"], rows)) <= 1e-4
+        status, body, _ = s.post("/v1/embeddings", {"input": "x"})
+        assert status == 400 and "embeddings" in body["error"]["message"]  # rerank only: no --embeddings
+    finally:
+        assert s.stop() == 0
+
+
+def test_decoder_reranker_with_one_token_and_bad_tokens():
+    pairs = HEADS["rerank"][:4]
+    s = Server(EMB / "tiny_qwen2", "--reranking", "--classifier-from-token", HEADS["tokens"][1],
+               "--rerank-template", EMB / "rerank_template.txt")
+    try:
+        scores, _ = rerank_scores(s, pairs[0]["query"], [p["document"] for p in pairs])
+        want = [1 / (1 + math.exp(-p["logits"][1])) for p in pairs]
+        assert max(abs(scores[i] - w) for i, w in enumerate(want)) <= 1e-4
+    finally:
+        assert s.stop() == 0
+    for tokens, needle in (("nope,good", "'nope' is not in the vocabulary"), ("a,b,c", "classifier-from-token")):
+        p = run("serve", EMB / "tiny_qwen2", "--port", "0", "--reranking", "--classifier-from-token", tokens, check=False)
+        assert p.returncode != 0 and needle in p.stderr, p.stderr
+    p = run("serve", EMB / "tiny_qwen2", "--port", "0", "--embeddings", "--pooling", "cls", check=False)
+    assert p.returncode == 1 and "last token or the mean" in p.stderr

@@ -6,6 +6,7 @@ import math
 import shutil
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -210,3 +211,112 @@ def test_vllm_lora_modules_and_generate(tmp_path):
     out = run("generate", "-m", BASE, "-p", row["prompt"], "-n", "10", "--temp", "0", "--lora", LORA / "stories-a").stdout
     base = run("generate", "-m", BASE, "-p", row["prompt"], "-n", "10", "--temp", "0").stdout
     assert out != base
+
+
+# --- vLLM's runtime adapter updates: /v1/load_lora_adapter and /v1/unload_lora_adapter ---
+
+def post_text(server, path, body):
+    """POST a JSON body; the reply's status and text (vLLM answers these routes in plain text)."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def model_ids(server):
+    return [m["id"] for m in json.loads(server.get("/v1/models")[1])["data"]]
+
+
+def test_runtime_lora_updates_are_off_unless_asked(server):
+    status, text = post_text(server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(LORA / "stories-a")})
+    assert status == 404 and "--allow-runtime-lora" in text
+    assert post_text(server, "/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 404
+    assert model_ids(server) == ["stories", "a", "b", "stories-c"]
+
+
+@pytest.fixture(scope="module")
+def runtime_server():
+    s = Server(BASE, "--allow-runtime-lora", "--max-loras", "2", "--kv-cache-dtype", "f32", name="stories")
+    yield s
+    assert s.stop() == 0
+
+
+def test_load_use_replace_and_unload_at_run_time(runtime_server):
+    s = runtime_server
+    row_a, row_b = REF["stories-a"][0], REF["stories-b"][0]
+    base = complete(s, "stories", row_a["prompt"])
+    status, text = post_text(s, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(LORA / "stories-a")})
+    assert status == 200 and text == "Success: LoRA adapter 'a' added successfully."
+    assert model_ids(s) == ["stories", "a"]
+    assert worst(complete(s, "a", row_a["prompt"])[1], row_a["logprobs"]) <= 1e-4
+    status, text = post_text(s, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(LORA / "stories-b")})
+    assert status == 400 and "already been loaded" in text
+    # load_inplace: the name now means stories-b (a new id, so no prefix-cache block of the old one is reused)
+    assert post_text(s, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(LORA / "stories-b"),
+                                                  "load_inplace": True})[0] == 200
+    assert worst(complete(s, "a", row_b["prompt"])[1], row_b["logprobs"]) <= 1e-4
+    assert [x["id"] for x in json.loads(s.get("/lora-adapters")[1])] == [1]
+    status, text = post_text(s, "/v1/unload_lora_adapter", {"lora_name": "a"})
+    assert status == 200 and text == "Success: LoRA adapter 'a' removed successfully."
+    assert model_ids(s) == ["stories"]
+    status, reply, _ = s.post("/v1/completions", {"model": "a", "prompt": "x", "max_tokens": 2})
+    assert status == 404
+    status, reply, _ = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "lora": [{"id": 0, "scale": 1}]})
+    assert status == 400 and "not loaded" in reply["error"]["message"]
+    assert complete(s, "stories", row_a["prompt"]) == base
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"lora_name": "c", "lora_path": "/nonexistent/adapter"}, 400, "no such LoRA adapter"),
+    ({"lora_name": "c", "lora_path": str(DATA / "embeddings" / "tiny_qwen2")}, 400, "adapter_config.json"),
+    ({"lora_name": "stories", "lora_path": str(LORA / "stories-a")}, 400, "base model's name"),
+    ({"lora_name": "", "lora_path": str(LORA / "stories-a")}, 400, "lora_name"),
+    ({"lora_name": "c"}, 400, "lora_path"),
+    ({"lora_name": "c", "lora_path": str(LORA / "stories-a"), "lora_int_id": 3}, 400, "unknown field 'lora_int_id'"),
+    ({"lora_name": "c", "lora_path": str(LORA / "stories-a"), "load_inplace": "yes"}, 400, "load_inplace"),
+])
+def test_bad_runtime_loads(runtime_server, body, status, needle):
+    got, text = post_text(runtime_server, "/v1/load_lora_adapter", body)
+    assert got == status and needle in text, text
+
+
+def test_unload_unknown_and_max_loras(runtime_server):
+    s = runtime_server
+    status, text = post_text(s, "/v1/unload_lora_adapter", {"lora_name": "never"})
+    assert status == 404 and "cannot be found" in text
+    for name in ("x", "y"):
+        assert post_text(s, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(LORA / "stories-c")})[0] == 200
+    status, text = post_text(s, "/v1/load_lora_adapter", {"lora_name": "z", "lora_path": str(LORA / "stories-c")})
+    assert status == 400 and "--max-loras" in text
+    for name in ("x", "y"):
+        assert post_text(s, "/v1/unload_lora_adapter", {"lora_name": name, "lora_int_id": 5})[0] == 200
+
+
+def test_unload_while_a_request_uses_the_adapter(monkeypatch):
+    """vLLM's environment variable turns the routes on. A generation that started with the adapter
+    finishes with it, token for token, though the adapter is unloaded while it runs."""
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    s = Server(BASE, "--kv-cache-dtype", "f32", name="stories")
+    try:
+        assert post_text(s, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(LORA / "stories-a")})[0] == 200
+        prompt = REF["stories-a"][1]["prompt"]
+        alone = complete(s, "a", prompt, {"max_tokens": 200})
+        results = {}
+        t = threading.Thread(target=lambda: results.update(r=complete(s, "a", prompt, {"max_tokens": 200})))
+        t.start()
+        while s.metric("serval:num_requests_running") < 1:  # it is in the engine: unloading cannot refuse it
+            time.sleep(0.01)
+        assert post_text(s, "/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 200
+        t.join()
+        assert results["r"] == alone
+        # the next load frees the unloaded adapter's slot, and serves the new one
+        assert post_text(s, "/v1/load_lora_adapter", {"lora_name": "b", "lora_path": str(LORA / "stories-b")})[0] == 200
+        row = REF["stories-b"][0]
+        assert worst(complete(s, "b", row["prompt"])[1], row["logprobs"]) <= 1e-4
+    finally:
+        assert s.stop() == 0

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "base/error.h"
@@ -93,6 +94,63 @@ TEST_F(StoriesEngine, ConcurrentEqualsAloneForAnyChunkSizeAndCacheState) {
         EXPECT_EQ(e.stats().prefix_hits, 0);
       }
     }
+  }
+}
+
+// The mean of a prompt's final hidden states, from one forward pass over the whole prompt (every row
+// wanted), summed in position order: what a mean-pooled embedding request must give.
+std::vector<float> mean_of_rows(const Model& m, const std::vector<int32_t>& prompt) {
+  const auto n = int64_t(prompt.size());
+  KvCache kv(m.config(), n, DType::F16);
+  Batch batch(m.config().n_kv_groups());
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  std::iota(slots.begin(), slots.end(), 0);
+  for (auto& g : batch.block_tables) g = {slots};
+  for (int64_t p = 0; p < n; ++p) batch.add(prompt[size_t(p)], int32_t(p), 0, int32_t(p), true);
+  std::vector<float> logits, hidden;
+  m.forward(batch, kv, logits, &hidden);
+  const int64_t d = m.config().n_embd;
+  std::vector<float> sum(size_t(d), 0.0f);
+  for (int64_t p = 0; p < n; ++p)
+    for (int64_t i = 0; i < d; ++i) sum[size_t(i)] += hidden[size_t(p * d + i)];
+  for (float& v : sum) v /= float(n);
+  return sum;
+}
+
+TEST_F(StoriesEngine, MeanPooledEmbeddingsUnderChunkingCachingAndPreemption) {
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i) {
+    auto p = encode("Once upon a time there was a little dog");  // a shared prefix: prefix-cache hits for others
+    for (int k = 0, extra = 5 + int(rng() % 40); k < extra; ++k) p.push_back(int32_t(3 + rng() % 500));
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<float>> want;
+  for (const auto& p : prompts) want.push_back(mean_of_rows(*model_, p));
+  for (int64_t chunk : {7, 512}) {
+    EngineConfig cfg;
+    cfg.block_size = 4;
+    cfg.num_blocks = 40;  // 160 tokens, shared with long generations: preemptions
+    cfg.scheduler.max_batched_tokens = chunk;
+    Engine e(*model_, cfg);
+    std::map<RequestId, std::vector<float>> got;
+    std::map<RequestId, size_t> index;
+    std::map<RequestId, Outcome> gen;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerationParams g = sampled(60, i);
+      e.add_request(encode("Lily and Tom were best friends"), g, collect(gen, nullptr));
+      GenerationParams p;
+      p.embed = p.embed_mean = true;
+      p.max_tokens = 1, p.draft_max = 0;
+      index[e.add_request(prompts[i], p, [&got](const TokenEvent& ev) {
+        if (ev.finished) got[ev.id] = ev.embedding;
+      })] = i;
+    }
+    drain(e, gen);
+    EXPECT_GT(e.stats().preemptions, 0) << "chunk " << chunk;
+    EXPECT_GT(e.stats().prefix_hits, 0) << "the generations share blocks; the embeddings must not";
+    for (const auto& [id, i] : index) EXPECT_EQ(got[id], want[i]) << "prompt " << i << " chunk " << chunk;
+    expect_pool_whole(e);
   }
 }
 

