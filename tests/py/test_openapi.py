@@ -64,7 +64,9 @@ def for_server(doc, url, short):
 @pytest.fixture(scope="module")
 def server():
     # A 32-token context bounds every generation, even chat's default "rest of the context".
-    s = Server(STORIES, "--max-model-len", 32, "--max-seqs", 16)
+    # --embeddings and --allow-runtime-lora: those routes answer for real (embeddings of the decoder,
+    # adapter loads refused for their paths), not only with "not served here".
+    s = Server(STORIES, "--max-model-len", 32, "--max-seqs", 16, "--embeddings", "--allow-runtime-lora")
     yield s
     assert s.proc.poll() is None, "the server died during the run"
     assert s.stop() == 0
@@ -87,7 +89,8 @@ def test_description_file_is_valid_openapi():
     assert doc["openapi"].startswith("3.")
     paths = set(doc["paths"])
     for p in ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
-              "/metrics", "/engine/state", "/openapi.json"]:
+              "/metrics", "/engine/state", "/openapi.json", "/v1/embeddings", "/v1/rerank", "/score", "/lora-adapters",
+              "/v1/load_lora_adapter", "/v1/unload_lora_adapter"]:
         assert p in paths, p
     for p in ["/v1/completions", "/v1/chat/completions"]:
         codes = set(doc["paths"][p]["post"]["responses"])
