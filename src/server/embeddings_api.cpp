@@ -85,15 +85,6 @@ std::string base64_floats(const std::vector<float>& v) {
   return out;
 }
 
-void l2_normalize(std::vector<float>& v) {
-  double ss = 0;
-  for (float f : v) ss += double(f) * f;
-  const double inv = ss > 0 ? 1.0 / std::sqrt(ss) : 0.0;
-  for (float& f : v) f = float(f * inv);
-}
-
-double sigmoid(float x) { return 1.0 / (1.0 + std::exp(-double(x))); }
-
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -131,6 +122,13 @@ EncoderInput pair_input(const PoolingTarget& model, const std::string& a, const 
 }  // namespace embeddings
 
 using namespace embeddings;
+
+void l2_normalize(std::vector<float>& v) {
+  double ss = 0;
+  for (float f : v) ss += double(f) * f;
+  const double inv = ss > 0 ? 1.0 / std::sqrt(ss) : 0.0;
+  for (float& f : v) f = float(f * inv);
+}
 
 PoolingTarget pooling_target(const EncoderModel& model) {
   PoolingTarget t;
@@ -209,14 +207,21 @@ RerankJob parse_rerank_request(const json& body, const PoolingTarget& model, con
   return job;
 }
 
-json rerank_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name) {
+double relevance_score(float logit) { return 1.0 / (1.0 + std::exp(-double(logit))); }
+
+std::vector<size_t> rank_by_logit(const std::vector<float>& logits) {
   std::vector<size_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+  return order;
+}
+
+json rerank_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name) {
+  const std::vector<size_t> order = rank_by_logit(logits);
   json results = json::array();
   for (size_t k = 0; k < job.top_n && k < order.size(); ++k) {
     const size_t i = order[k];
-    json r{{"index", i}, {"relevance_score", sigmoid(logits[i])}};
+    json r{{"index", i}, {"relevance_score", relevance_score(logits[i])}};
     if (job.return_documents) r["document"] = {{"text", job.documents[i]}};
     results.push_back(std::move(r));
   }
@@ -245,7 +250,7 @@ RerankJob parse_score_request(const json& body, const PoolingTarget& model, cons
 
 json score_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name) {
   json data = json::array();
-  for (size_t i = 0; i < logits.size(); ++i) data.push_back({{"index", i}, {"object", "score"}, {"score", sigmoid(logits[i])}});
+  for (size_t i = 0; i < logits.size(); ++i) data.push_back({{"index", i}, {"object", "score"}, {"score", relevance_score(logits[i])}});
   const int64_t now = unix_seconds();
   return json{{"id", fmt::format("score-{}", now)}, {"object", "list"}, {"created", now}, {"model", model_name},
               {"data", std::move(data)}, {"usage", {{"prompt_tokens", job.tokens}, {"total_tokens", job.tokens}}}};
@@ -270,6 +275,27 @@ std::string rerank_prompt(const std::string& tmpl, const std::string& query, con
     }
   }
   return out;
+}
+
+DecoderScorer decoder_scorer(const Model& model, const std::vector<std::string>& tokens) {
+  check(tokens.size() == 1 || tokens.size() == 2, "a decoder reranker scores by one token or by two (false, true)");
+  std::vector<std::vector<float>> rows;
+  for (const auto& name : tokens) {
+    const int32_t id = model.tokenizer().find(name);
+    check(id >= 0, "the reranker's token '{}' is not in the vocabulary (see --classifier-from-token)", name);
+    rows.push_back(model.output_row(id));
+  }
+  DecoderScorer s;
+  s.w_true = std::move(rows.back());
+  if (rows.size() == 2) s.w_false = std::move(rows.front());
+  s.softcap = model.config().final_softcap;
+  return s;
+}
+
+std::string rerank_template_for(const Model& model, const std::string& given) {
+  if (!given.empty()) return given;
+  const std::string& own = model.tokenizer().vocab().rerank_template;
+  return own.empty() ? kDefaultRerankTemplate : own;
 }
 
 float DecoderScorer::logit(const std::vector<float>& hidden) const {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/encoder.h"
+#include "model/model.h"
 #include "server/api_request.h"
 
 namespace serval {
@@ -52,6 +53,11 @@ struct RerankJob {
 };
 // {query, documents (strings or {"text": ...}), top_n, return_documents}.
 RerankJob parse_rerank_request(const json& body, const PoolingTarget& model, const ApiContext& ctx);
+// The relevance score of a logit (its sigmoid), and the indices of `logits` best first (ties: the lower
+// index first). Shared by the rerank replies and `serval rerank`.
+double relevance_score(float logit);
+void l2_normalize(std::vector<float>& v);
+std::vector<size_t> rank_by_logit(const std::vector<float>& logits);
 // Jina/Cohere's shape: results sorted by relevance_score (the sigmoid of the cross-encoder's logit).
 json rerank_response(const RerankJob& job, const std::vector<float>& logits, const std::string& model_name);
 
@@ -65,8 +71,13 @@ struct DecoderScorer {
   float softcap = 0;                   // the model's final logit soft-capping (Gemma 2), 0: none
   float logit(const std::vector<float>& hidden) const;
 };
+// The scorer of a decoder `model` by `tokens` ([false, true], or one token; each a token of its
+// vocabulary). Throws Error naming a token it lacks.
+DecoderScorer decoder_scorer(const Model& model, const std::vector<std::string>& tokens);
 // Qwen3-Reranker's prompt (the model card's, with its default instruction).
 extern const char* const kDefaultRerankTemplate;
+// `given` when set, else the model's (GGUF tokenizer.chat_template.rerank), else kDefaultRerankTemplate.
+std::string rerank_template_for(const Model& model, const std::string& given);
 // `tmpl` with its {query} and {document} replaced by the texts (the texts themselves are not searched).
 std::string rerank_prompt(const std::string& tmpl, const std::string& query, const std::string& document);
 

@@ -603,22 +603,10 @@ void HttpServer::Impl::attach_decoder_pooling(const Model& model) {
   };
   t.tokenize = encode;
   if (!cfg.decoder_rerank) return;
-  const std::string tmpl = !cfg.rerank_template.empty()        ? cfg.rerank_template
-                           : !tok.vocab().rerank_template.empty() ? tok.vocab().rerank_template
-                                                                  : kDefaultRerankTemplate;
+  const std::string tmpl = rerank_template_for(model, cfg.rerank_template);
   t.n_classes = 1;
   t.tokenize_pair = [encode, tmpl](const std::string& q, const std::string& d) { return encode(rerank_prompt(tmpl, q, d)); };
-  const auto& names = cfg.classifier_tokens;
-  check(names.size() == 1 || names.size() == 2, "a decoder reranker scores by one token or by two (false, true)");
-  std::vector<std::vector<float>> rows;
-  for (const auto& name : names) {
-    const int32_t id = tok.find(name);
-    check(id >= 0, "the reranker's token '{}' is not in the vocabulary (see --classifier-from-token)", name);
-    rows.push_back(model.output_row(id));
-  }
-  scorer.w_true = std::move(rows.back());
-  if (rows.size() == 2) scorer.w_false = std::move(rows.front());
-  scorer.softcap = model.config().final_softcap;
+  scorer = decoder_scorer(model, cfg.classifier_tokens);
 }
 
 void HttpServer::attach_encoder(const EncoderModel& model, std::optional<int> pooling) {

@@ -384,8 +384,8 @@ def test_cli_embed_on_the_cached_model():
     out = json.loads(run("embed", "-m", "all-minilm-l6-v2", "-p", CORPUS[0], "-p", CORPUS[1]).stdout)
     got = np.array([d["embedding"] for d in out["data"]])
     assert out["pooling"] == "mean" and cosines(got, REF["embeddings"][:2]).min() >= 0.9999
-    p = run("embed", "-m", MODELS / "stories260K.gguf", "-p", "x", check=False)
-    assert p.returncode == 1 and "not an encoder" in p.stderr
+    p = run("embed", "-m", MODELS / "stories260K.gguf", "-p", "x", "--pooling", "cls", check=False)
+    assert p.returncode == 1 and "last token or the mean" in p.stderr
 
 
 # --- decoders as embedders: last-token pooling in the engine's continuous batch ---
@@ -505,3 +505,25 @@ def test_decoder_reranker_with_one_token_and_bad_tokens():
         assert p.returncode != 0 and needle in p.stderr, p.stderr
     p = run("serve", EMB / "tiny_qwen2", "--port", "0", "--embeddings", "--pooling", "cls", check=False)
     assert p.returncode == 1 and "last token or the mean" in p.stderr
+
+
+def test_cli_embed_and_rerank_on_a_decoder():
+    """`serval embed` and `serval rerank` run a decoder through the engine as the server does."""
+    rows = HEADS["mean"][:4]
+    texts = [x for r in rows for x in ("-p", r["text"])]
+    out = json.loads(run("embed", "-m", EMB / "tiny_qwen2", "--pooling", "mean", *texts).stdout)
+    got = np.array([d["embedding"] for d in out["data"]])
+    assert out["pooling"] == "mean" and cosines(got, np.array([r["mean"] for r in rows])).min() >= 0.99999
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    last = {r["text"]: r["last"] for r in TINY["decoders"]["tiny_qwen2"]}
+    out = json.loads(run("embed", "-m", EMB / "tiny_qwen2", *texts).stdout)
+    assert out["pooling"] == "last"
+    want = np.array([last[r["text"]] for r in rows])
+    assert cosines(np.array([d["embedding"] for d in out["data"]]), want).min() >= 0.99999
+    pairs = [p for p in HEADS["rerank"] if p["query"] == HEADS["rerank"][0]["query"]]
+    docs = [x for p in pairs for x in ("-d", p["document"])]
+    out = json.loads(run("rerank", "-m", EMB / "tiny_qwen2", "-q", pairs[0]["query"], *docs, "--classifier-from-token",
+                         ",".join(HEADS["tokens"]), "--rerank-template", EMB / "rerank_template.txt").stdout)
+    scores = [r["relevance_score"] for r in out["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert max(abs(r["relevance_score"] - pairs[r["index"]]["score"]) for r in out["results"]) <= 1e-4
