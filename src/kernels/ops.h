@@ -91,6 +91,13 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
 // Attention of one query token over the keys in `slots` (in position order).
 void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::span<const int32_t> slots, float* out);
 }  // namespace ref
+namespace cpu {
+struct LoraSegment;
+}
+namespace ref {
+// cpu::lora_update's reference: each product summed in double.
+void lora_update(std::span<const cpu::LoraSegment> segments, int64_t in, int64_t out, const float* x, float* y);
+}  // namespace ref
 
 namespace cpu {
 // Repacks `w` for the GEMM kernels when its type has a packed layout (once, at load); a no-op
@@ -123,6 +130,20 @@ void attention_dense(const AttentionShape& s, const float* q, const float* k, co
                      float* out);
 // Fixed-order dot product of two float vectors.
 float dot(const float* a, const float* b, int64_t n);
+// LoRA updates, each adapter's tokens one segment (Punica / S-LoRA): y[t] += factor * B (A x[t]) for
+// every token t of a segment, A [rank][in] and B transposed [rank][out] in F32; x rows have `in`
+// values, y rows `out`. Each adapter's matrices are read once per call however many tokens it has.
+// Threaded on the compute pool, SIMD at the active ISA level (kernels/cpu/lora*.cpp); a token's update
+// is computed in an order that depends only on its own row and the shapes (batch invariance). Same
+// function as ref::lora_update, to float rounding.
+struct LoraSegment {
+  const float* a = nullptr;
+  const float* bt = nullptr;
+  int64_t rank = 0;
+  std::span<const int64_t> tokens;  // rows of x and y
+  std::span<const float> factors;   // per token: the user's scale * alpha / rank
+};
+void lora_update(std::span<const LoraSegment> segments, int64_t in, int64_t out, const float* x, float* y);
 // Gated activations of the feed-forward block: out[i] = act(gate[i]) * up[i] for i < n, act = SiLU
 // (x * sigmoid(x)) or GELU in its tanh form (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))). Vectorised
 // at the active ISA level (kernels/cpu/glu*.cpp), within 10 float ulps (plus the error of GELU's

@@ -310,14 +310,11 @@ void Model::set_adapter(size_t id, std::shared_ptr<const LoraAdapter> adapter) {
 
 void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const {
   if (batch.adapter.empty()) return;
-  // The step's tokens grouped by adapter (Punica / S-LoRA's segments); each adapter's A and B are read
-  // once per step however many of its tokens there are.
+  // The step's tokens grouped by adapter (Punica / S-LoRA's segments), in order of first appearance.
   struct Group {
     const LoraPair* pair;
-    float alpha_over_rank;
-    int64_t rank;
     std::vector<int64_t> tokens;
-    std::vector<float> mid;  // [token][rank] = A x
+    std::vector<float> factors;
   };
   std::vector<Group> groups;
   std::vector<int> group_of(adapters_.size(), -1);
@@ -329,47 +326,17 @@ void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const 
     if (p.empty()) continue;
     if (group_of[size_t(ai)] < 0) {
       group_of[size_t(ai)] = int(groups.size());
-      groups.push_back({&p, a.alpha / float(a.rank), a.rank, {}, {}});
+      groups.push_back({&p, {}, {}});
     }
-    groups[size_t(group_of[size_t(ai)])].tokens.push_back(int64_t(t));
+    Group& g = groups[size_t(group_of[size_t(ai)])];
+    g.tokens.push_back(int64_t(t));
+    g.factors.push_back(a.factor(batch.adapter_scale[t]));
   }
   if (groups.empty()) return;
-  // mid = A x: a task per (group, row of A). Each value is one fixed-order dot of the token's own row.
-  std::vector<std::pair<int, int64_t>> rows;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    groups[g].mid.resize(groups[g].tokens.size() * size_t(groups[g].rank));
-    for (int64_t r = 0; r < groups[g].rank; ++r) rows.emplace_back(int(g), r);
-  }
-  parallel_for(int64_t(rows.size()), [&](int64_t i) {
-    Group& g = groups[size_t(rows[size_t(i)].first)];
-    const int64_t r = rows[size_t(i)].second;
-    const float* ar = reinterpret_cast<const float*>(g.pair->a.data) + r * cols;
-    for (size_t k = 0; k < g.tokens.size(); ++k) g.mid[k * size_t(g.rank) + size_t(r)] = cpu::dot(ar, x + g.tokens[k] * cols, cols);
-  });
-  // y += factor * B mid: a task per (group, 256 outputs), summed over the rank in order along B's
-  // transposed rows (vectorizes over the outputs).
-  constexpr int64_t kChunk = 256;
-  std::vector<std::pair<int, int64_t>> chunks;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (int64_t i = 0; i < groups[g].pair->b.rows; i += kChunk) chunks.emplace_back(int(g), i);
-  parallel_for(int64_t(chunks.size()), [&](int64_t c) {
-    const Group& g = groups[size_t(chunks[size_t(c)].first)];
-    const int64_t out = g.pair->b.rows, i0 = chunks[size_t(c)].second, i1 = std::min(out, i0 + kChunk);
-    float acc[kChunk];
-    for (size_t k = 0; k < g.tokens.size(); ++k) {
-      const int64_t t = g.tokens[k];
-      const float f = g.alpha_over_rank * batch.adapter_scale[size_t(t)];
-      const float* m = g.mid.data() + k * size_t(g.rank);
-      std::fill(acc, acc + (i1 - i0), 0.0f);
-      for (int64_t r = 0; r < g.rank; ++r) {
-        const float* bt = g.pair->bt + r * out + i0;
-        const float mr = m[r];
-        for (int64_t i = 0; i < i1 - i0; ++i) acc[i] += mr * bt[i];
-      }
-      float* yt = y + t * out + i0;
-      for (int64_t i = 0; i < i1 - i0; ++i) yt[i] += f * acc[i];
-    }
-  });
+  std::vector<cpu::LoraSegment> segments;
+  for (const Group& g : groups)
+    segments.push_back({reinterpret_cast<const float*>(g.pair->a.data), g.pair->bt, g.pair->a.rows, g.tokens, g.factors});
+  cpu::lora_update(segments, cols, groups[0].pair->b.rows, x, y);
 }
 
 void Model::validate_batch(const Batch& batch, const KvCache& kv) const {

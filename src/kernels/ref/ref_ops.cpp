@@ -49,4 +49,19 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
   }
 }
 
+void lora_update(std::span<const cpu::LoraSegment> segments, int64_t in, int64_t out, const float* x, float* y) {
+  for (const auto& g : segments)
+    for (size_t k = 0; k < g.tokens.size(); ++k) {
+      const float* xt = x + g.tokens[k] * in;
+      std::vector<double> mid(size_t(g.rank), 0.0);
+      for (int64_t r = 0; r < g.rank; ++r)
+        for (int64_t c = 0; c < in; ++c) mid[size_t(r)] += double(g.a[r * in + c]) * xt[c];
+      for (int64_t i = 0; i < out; ++i) {
+        double acc = 0;
+        for (int64_t r = 0; r < g.rank; ++r) acc += mid[size_t(r)] * g.bt[r * out + i];
+        y[g.tokens[k] * out + i] = float(y[g.tokens[k] * out + i] + double(g.factors[k]) * acc);
+      }
+    }
+}
+
 }  // namespace serval::ref
