@@ -437,3 +437,38 @@ TEST(FloatGemmModel, F16AndBf16TinyStoriesAgreeWithF32AndAreBatchInvariant) {
 
 }  // namespace
 }  // namespace serval
+
+namespace serval {
+namespace {
+
+// F16 activations rounded at every level are the bits of the scalar level's f32_to_fp16 then
+// fp16_to_f32: ties to even, subnormal halves, overflow to infinity, infinities, NaNs of either sign
+// (made quiet), and every tail length.
+TEST(FloatGemm, F16ActivationRoundingIsTheScalarBitsAtEveryLevel) {
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 1e-8f, -1e-8f, 5.96e-8f, 2.98e-8f,
+                          2.9802326e-8f, 6.1e-5f, 6.097e-5f, 1.00048828125f, 1.000732421875f, 3.0e38f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min()};
+  uint32_t payload_nan = 0x7F812345u;  // a signalling NaN with a payload
+  float f;
+  std::memcpy(&f, &payload_nan, 4);
+  x.push_back(f);
+  for (float v : test::random_floats(300, 99)) x.push_back(v * 1e-3f);
+  for (int64_t cols : {int64_t(x.size()), int64_t(1), int64_t(7), int64_t(9), int64_t(17)}) {
+    cpu::FloatActs want, got;
+    IsaGuard guard;
+    cpu::force_isa(cpu::Isa::Scalar);
+    cpu::prepare_float_acts(DType::F16, x.data(), cols, 1, want);
+    for (cpu::Isa level : {cpu::Isa::Avx2, cpu::Isa::Avx512, cpu::Isa::Amx}) {
+      if (int(level) > int(cpu::detected_isa())) continue;
+      cpu::force_isa(level);
+      cpu::prepare_float_acts(DType::F16, x.data(), cols, 1, got);
+      ASSERT_EQ(got.x.size(), want.x.size());
+      EXPECT_EQ(std::memcmp(got.x.data(), want.x.data(), want.x.size() * 4), 0) << cpu::isa_name(level) << " cols " << cols;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace serval

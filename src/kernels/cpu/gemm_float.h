@@ -68,7 +68,10 @@ struct FloatActs {
   const uint32_t* pair_row(int64_t t) const { return pairs.data() + t * (kpad / 2); }
 };
 // Rounds n_tok rows of `cols` activations for weights of `weight_type` (F16 or BF16) on the pool.
+// F16: at the AVX2 level and above by VCVTPS2PH / VCVTPH2PS (round_f16_row_avx2), the same bits as
+// the scalar f32_to_fp16 then fp16_to_f32 (NaNs made the quiet NaN of their sign, as it does).
 void prepare_float_acts(DType weight_type, const float* x, int64_t cols, int64_t n_tok, FloatActs& out);
+void round_f16_row_avx2(const float* x, float* out, int64_t n);
 
 // y[t * w.rows + r] for groups [g0, g1) and tokens [t0, t1), with the arithmetic above. A function
 // may only be called when the CPU runs its level (and, for the _bf16 one, has_avx512_bf16()).

@@ -95,6 +95,24 @@ __attribute__((noinline)) void run(const PackedFloatWeights& w, const FloatActs&
 
 }  // namespace
 
+// 8 lanes at a time through F16 and back (round to nearest even, subnormals kept), the tail masked.
+// VCVTPS2PH keeps a NaN's payload; f32_to_fp16_portable makes it sign | 0x7E00, so NaN lanes are
+// replaced by the float that gives back: the quiet NaN of the same sign.
+void round_f16_row_avx2(const float* x, float* out, int64_t n) {
+  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u)));
+  const __m256 quiet = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+  for (int64_t i = 0; i < n; i += kHalf) {
+    const int64_t left = n - i < kHalf ? n - i : kHalf;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 v = left == kHalf ? _mm256_loadu_ps(x + i) : _mm256_maskload_ps(x + i, mask);
+    __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    r = _mm256_blendv_ps(r, _mm256_or_ps(_mm256_and_ps(v, sign_mask), quiet), nan);
+    if (left == kHalf) _mm256_storeu_ps(out + i, r);
+    else _mm256_maskstore_ps(out + i, mask, r);
+  }
+}
+
 void float_gemm_avx2(const PackedFloatWeights& w, const FloatActs& a, int64_t g0, int64_t g1, int64_t t0,
                      int64_t t1, float* y) {
   if (w.source != DType::BF16) return run<false>(w, a, g0, g1, t0, t1, y);

@@ -76,6 +76,12 @@ void prepare_float_acts(DType weight_type, const float* x, int64_t cols, int64_t
   if (bf16) out.pairs.assign(size_t(n_tok * out.kpad / 2), 0u);
   else out.pairs.clear();
   const ActType at = act_type_for(weight_type);
+#if defined(SERVAL_X86_KERNELS)
+  if (!bf16 && active_isa() >= Isa::Avx2) {
+    parallel_for(n_tok, [&](int64_t t) { round_f16_row_avx2(x + t * cols, out.x.data() + t * out.kpad, cols); });
+    return;
+  }
+#endif
   parallel_for(n_tok, [&](int64_t t) {
     thread_local std::vector<uint16_t> h;
     h.assign(size_t(cols) + 1, 0);  // one more: a last odd value's pair partner is zero
