@@ -4,6 +4,7 @@
 #include <map>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <climits>
 #include <cstring>
 
@@ -304,8 +305,15 @@ std::vector<float> Model::output_row(int32_t token) const {
 
 void Model::set_adapter(size_t id, std::shared_ptr<const LoraAdapter> adapter) {
   check(id < size_t(std::numeric_limits<int16_t>::max()), "too many LoRA adapters");
+  std::shared_ptr<const LoraAdapter> old;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(adapters_mu_);
   if (adapters_.size() <= id) adapters_.resize(id + 1);
-  adapters_[id] = std::move(adapter);
+  old = std::exchange(adapters_[id], std::move(adapter));
+}
+
+bool Model::has_adapter(int32_t id) const {
+  std::lock_guard<std::mutex> lock(adapters_mu_);
+  return id >= 0 && size_t(id) < adapters_.size() && adapters_[size_t(id)];
 }
 
 void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -181,7 +182,9 @@ class Model {
   // which no batch may name any more). Same rule as set_adapters.
   void set_adapter(size_t id, std::shared_ptr<const LoraAdapter> adapter);
   const std::vector<std::shared_ptr<const LoraAdapter>>& adapters() const { return adapters_; }
-  bool has_adapter(int32_t id) const { return id >= 0 && size_t(id) < adapters_.size() && adapters_[size_t(id)]; }
+  // Whether slot `id` holds an adapter. Safe on any thread while set_adapter runs on the forward
+  // passes' thread (a request is checked on the caller's thread before it is queued).
+  bool has_adapter(int32_t id) const;
   // Keys are centred before a quantized (q8_0, fp8_e4m3) cache stores them: a fixed vector per layer,
   // the rotary mean of the layer's K bias (k_centres()), is subtracted from every key. A query's scores
   // then all move by the same amount (q . centre), which softmax cancels, so attention is unchanged in
@@ -214,6 +217,7 @@ class Model {
   mutable std::vector<std::atomic<uint64_t>> expert_tokens_;  // [layer][expert], counted by forward
   KCentring k_centring_ = KCentring::QuantizedCaches;
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
+  mutable std::mutex adapters_mu_;  // set_adapter against has_adapter on another thread
   // y[t] += factor * B (A x[t]) for each token t whose adapter changes layer il's `target`; x is
   // [n_tok][cols], y [n_tok][out]. A token's rows are computed alone (the other tokens and adapters of
   // the batch do not change them).
