@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -70,6 +71,38 @@ TEST_P(LoraLevel, EqualsReferenceAndIsBatchInvariant) {
   cpu::lora_update({&one, 1}, kIn, kOut, x.data(), alone.data());
   for (int64_t i = 0; i < kOut; ++i) ASSERT_EQ(alone[5 * kOut + i], got[5 * kOut + i]) << "output " << i;
   RecordProperty("worst_abs_error", std::to_string(worst));
+}
+
+// The scalar level's arithmetic written out (float sums in order, no FMA: this file, like lora.cpp's
+// scalar level, is built for the baseline ISA): the scalar level gives exactly these bits, and the SIMD
+// levels (FMA, lane sums) do not, so each level is seen to run its own loops.
+TEST_P(LoraLevel, EachLevelRunsItsOwnLoops) {
+  std::mt19937 rng(5);
+  const int64_t rank = 8;
+  const std::vector<float> a = random_floats(rng, size_t(rank * kIn), 0.1f), bt = random_floats(rng, size_t(rank * kOut), 0.1f);
+  const std::vector<float> x = random_floats(rng, kTok * kIn, 1.0f), y0 = random_floats(rng, kTok * kOut, 1.0f);
+  std::vector<int64_t> tokens(kTok);
+  for (int64_t t = 0; t < kTok; ++t) tokens[size_t(t)] = t;
+  const std::vector<float> factors(kTok, 0.75f);
+  const cpu::LoraSegment seg = {a.data(), bt.data(), rank, tokens, factors};
+  std::vector<float> got = y0, plain = y0;
+  cpu::lora_update({&seg, 1}, kIn, kOut, x.data(), got.data());
+  for (int64_t t = 0; t < kTok; ++t) {
+    std::vector<float> mid(static_cast<size_t>(rank));
+    for (int64_t r = 0; r < rank; ++r) {
+      volatile float acc = 0;  // volatile: no contraction into an FMA, no reordering
+      for (int64_t c = 0; c < kIn; ++c) acc = acc + a[size_t(r * kIn + c)] * x[size_t(t * kIn + c)];
+      mid[size_t(r)] = acc;
+    }
+    for (int64_t i = 0; i < kOut; ++i) {
+      volatile float acc = 0;
+      for (int64_t r = 0; r < rank; ++r) acc = acc + mid[size_t(r)] * bt[size_t(r * kOut + i)];
+      plain[size_t(t * kOut + i)] += 0.75f * acc;
+    }
+  }
+  const bool same = std::memcmp(got.data(), plain.data(), got.size() * 4) == 0;
+  if (GetParam() == Isa::Scalar) EXPECT_TRUE(same) << "the scalar level must be the plain loops";
+  else EXPECT_FALSE(same) << cpu::isa_name(GetParam()) << " gave the plain loops' bits: its own kernel did not run";
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, LoraLevel, ::testing::Values(Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx),
