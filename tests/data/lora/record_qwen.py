@@ -8,9 +8,8 @@ qwen2.5-coder-0.5b-instruct.gguf (fetched by scripts/setup). Its quantized weigh
 the gguf package into a Hugging Face Qwen2ForCausalLM in F32 (names mapped back; no Q/K permutation:
 llama.cpp's converter does not permute qwen2's; this GGUF has its own output.weight, the embeddings would
 be tied without one); the tokenizer is transformers' own conversion of the GGUF's vocabulary. Writes,
-beside this script:
-  qwen-r8/            a random rank-8 PEFT adapter (alpha 16, q_proj, v_proj, down_proj) as PEFT saves it,
-                      its matrices in F16 (the references are computed with the F16-rounded values)
+beside this script (the adapter itself is not kept: tests/py/qwen_adapter.py writes it with numpy, for
+this script and for the test alike):
   reference_qwen.json per prompt: the prompt's ids (no BOS, as the GGUF and Qwen's tokenizer encode it),
                       PEFT's greedy continuation, its log-probabilities (teacher forcing) and at each
                       position the gap between the best two log-probabilities (margins); the base model's
@@ -20,26 +19,24 @@ beside this script:
 import json
 import os
 import pathlib
+import sys
+import tempfile
 
 import numpy as np
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
-from peft import LoraConfig, get_peft_model
+from peft import PeftModel
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[1] / "py"))
+from qwen_adapter import write_adapter  # noqa: E402
 CACHE = pathlib.Path(os.environ.get("SERVAL_MODEL_CACHE", pathlib.Path.home() / ".cache" / "serval" / "models"))
 GGUF = CACHE / "qwen2.5-coder-0.5b-instruct.gguf"
 NAME = "qwen-r8"
 PROMPTS = ["def fibonacci(n):", "The capital of France is"]
 N_NEW = 10
-LORA = dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
-SEED = 1
-# The std of the random A and B: 0.02 changes the log-probabilities by < 0.1, 0.04 makes the text garbage.
-# q_proj's update only moves attention scores: at 0.03 leaving it out (or permuting its rows as for llama)
-# changes the log-probabilities by ~0.2, within the test's bound, so its matrices get 2.5 times that.
-STD, Q_STD = 0.03, 0.075
 
 LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
                "attn_output.weight": "self_attn.o_proj.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -101,12 +98,8 @@ def greedy(model, ids):
 def main() -> None:
     tok = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
     base = load_base()
-    torch.manual_seed(SEED)
-    model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **LORA)).eval()
-    for n, p in model.named_parameters():
-        if "lora_" in n:  # PEFT starts B at zero: make the update visible; F16-exact, as the file stores it
-            torch.nn.init.normal_(p, std=Q_STD if ".q_proj." in n else STD)
-            p.data = p.data.half().float()
+    with tempfile.TemporaryDirectory() as tmp:  # the test writes the same adapter (tests/py/qwen_adapter.py)
+        model = PeftModel.from_pretrained(base, str(write_adapter(pathlib.Path(tmp) / NAME))).float().eval()
     rows = []
     with torch.no_grad():
         for prompt in PROMPTS:
@@ -120,15 +113,6 @@ def main() -> None:
                 row["base_continuation_logprobs"], row["base_margins"] = logprobs(model, ids, row["base_continuation"])
             print(prompt, "->", repr(tok.decode(cont)), "| base:", repr(tok.decode(row["base_continuation"])))
             rows.append(row)
-    for n, p in model.named_parameters():
-        if "lora_" in n:
-            p.data = p.data.half()
-    model.save_pretrained(HERE / NAME, safe_serialization=True, save_embedding_layers=False)
-    (HERE / NAME / "README.md").unlink(missing_ok=True)  # PEFT's empty model card
-    cfg_path = HERE / NAME / "adapter_config.json"  # target_modules in a fixed order (PEFT writes a set's)
-    cfg = json.loads(cfg_path.read_text())
-    cfg["target_modules"] = sorted(cfg["target_modules"])
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (HERE / "reference_qwen.json").write_text(json.dumps({NAME: rows}, indent=1))
 
 
