@@ -100,6 +100,7 @@ void run_generate(GenerateOptions& o) {
   o.spec.load_heads(*model);
   const size_t n_adapters = o.lora.load(*model);
   check(n_adapters <= 1, "generate applies one LoRA adapter at a time ({} given)", n_adapters);
+  model->set_context_length(n_ctx);  // LongRoPE: the short factors unless n_ctx exceeds the original context
   Engine engine(*model, generate_config(o, n_ctx, prompt.size()));
   const double load_s = seconds_since(t_load);
   if (!o.json) fmt::print("{}", o.prompt), std::fflush(stdout);

@@ -13,6 +13,19 @@
 namespace serval::cli {
 namespace {
 
+// The RoPE scaling a model runs with, for `serval info` ("" when none).
+std::string rope_scaling_text(const ModelConfig& c, const Model& m) {
+  if (c.yarn_factor > 0)
+    return fmt::format(", YaRN factor {} over an original {} (betas {}/{}{}), cos/sin x {:.4f}", c.yarn_factor, c.rope_orig_ctx,
+                       c.yarn_beta_fast, c.yarn_beta_slow, c.yarn_truncate ? "" : ", not truncated", c.rope_attn_factor);
+  if (c.longrope)
+    return fmt::format(", LongRoPE ({} factors: context {} {} the original {}), cos/sin x {:.4f}", m.uses_long_rope() ? "long" : "short",
+                       c.n_ctx_train, m.uses_long_rope() ? ">" : "<=", c.rope_orig_ctx, c.rope_attn_factor);
+  if (c.rope_linear_scale != 1.0f) return fmt::format(", linear scaling {}", c.rope_linear_scale);
+  if (!m.weights().rope_freqs.empty()) return ", per-pair frequency factors (Llama 3.1)";
+  return "";
+}
+
 void print_info(const std::string& path) {
   auto model = Model::load(path);
   const auto& c = model->config();
@@ -56,6 +69,7 @@ void print_info(const std::string& path) {
     fmt::print("active parameters:  {} per token ({:.3f} B)\n", n_params - idle_expert_params, (n_params - idle_expert_params) / 1e9);
   }
   if (c.sliding_window > 0) fmt::print("sliding window:     {}\n", c.sliding_window);
+  fmt::print("rope:               base {}{}\n", c.rope_base, rope_scaling_text(c, *model));
   fmt::print("matrix types:      ");
   for (const auto& [name, n] : types) fmt::print(" {} x{}", name, n);
   fmt::print("\n");

@@ -139,6 +139,8 @@ void run_serve(ServeOptions& o) {
     fmt::print(stderr, "serval: {} LoRA adapter{} (requests choose one by its name as `model`, or by `lora`)\n", n,
                n == 1 ? "" : "s");
   }
+  if (o.engine.max_model_len > 0)  // LongRoPE picks its factors by the context in use
+    model->set_context_length(std::min(o.engine.max_model_len, model->config().n_ctx_train));
   Engine engine(*model, o.engine.config());
   fmt::print(stderr, "serval: {}\n", engine.capacity().describe(engine.max_model_len()));
   fmt::print(stderr, "serval: scheduling: at most {} running requests, {} tokens per step\n", o.engine.max_seqs,

@@ -57,6 +57,38 @@ void ModelConfig::validate(const std::string& src) const {
   }
 }
 
+namespace {
+// rope.scaling.*: linear (positions divided by the factor), yarn (factor, original context, betas,
+// attn_factor as llama.cpp's multiplier of 0.1 ln s + 1) and LongRoPE (rope_factors_long/short
+// tensors, which Model reads; attn_factor as the factor itself). Any other type is refused.
+void read_gguf_rope_scaling(const GgufFile& g, const std::string& a, ModelConfig& c) {
+  const auto type = g.find_string(a + "rope.scaling.type");
+  const double mult = g.find_float(a + "rope.scaling.attn_factor").value_or(1.0);
+  c.rope_orig_ctx = g.find_int(a + "rope.scaling.original_context_length").value_or(c.n_ctx_train);
+  c.longrope = g.find_tensor("rope_factors_long.weight") != nullptr || (type && *type == "longrope");
+  if (c.longrope) {
+    check(g.find_tensor("rope_factors_long.weight") && g.find_tensor("rope_factors_short.weight"),
+          "{}: LongRoPE needs both rope_factors_long and rope_factors_short", g.path());
+    c.rope_attn_factor = float(mult);
+  } else if (type && *type == "yarn") {
+    c.yarn_factor = float(g.get_float(a + "rope.scaling.factor"));
+    check(c.yarn_factor > 0, "{}: rope.scaling.factor must be positive", g.path());
+    c.yarn_beta_fast = float(g.find_float(a + "rope.scaling.yarn_beta_fast").value_or(32.0));
+    c.yarn_beta_slow = float(g.find_float(a + "rope.scaling.yarn_beta_slow").value_or(1.0));
+    c.yarn_truncate = g.find_bool("serval.rope.yarn_truncate").value_or(true);
+    c.rope_attn_factor = float(mult * (c.yarn_factor > 1 ? 1.0 + 0.1 * std::log(double(c.yarn_factor)) : 1.0));
+  } else if (type && *type != "none") {
+    check(*type == "linear", "{}: unsupported RoPE scaling '{}' (linear, yarn and longrope are supported)", g.path(), *type);
+    c.rope_linear_scale = static_cast<float>(g.get_float(a + "rope.scaling.factor"));
+  } else if (auto f = g.find_float(a + "rope.scaling.factor"); !type && f && *f > 0) {
+    c.rope_linear_scale = static_cast<float>(*f);
+  }
+  check(std::isfinite(c.rope_attn_factor) && c.rope_attn_factor > 0 && c.yarn_beta_fast > 0 && c.yarn_beta_slow > 0 &&
+            c.rope_orig_ctx > 0 && std::isfinite(c.rope_linear_scale) && c.rope_linear_scale > 0,
+        "{}: RoPE scaling parameters out of range", g.path());
+}
+}  // namespace
+
 ModelConfig config_from_gguf(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
@@ -76,12 +108,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   c.norm_eps = static_cast<float>(g.find_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_base = static_cast<float>(g.find_float(a + "rope.freq_base").value_or(10000.0));
   c.n_vocab = static_cast<int64_t>(g.get_array("tokenizer.ggml.tokens").size());
-  if (auto type = g.find_string(a + "rope.scaling.type"); type && *type != "none") {
-    check(*type == "linear", "{}: unsupported RoPE scaling '{}' (linear is supported)", g.path(), *type);
-    c.rope_linear_scale = static_cast<float>(g.get_float(a + "rope.scaling.factor"));
-  } else if (auto f = g.find_float(a + "rope.scaling.factor"); f && *f > 0) {
-    c.rope_linear_scale = static_cast<float>(*f);
-  }
+  read_gguf_rope_scaling(g, a, c);
   check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: block_count {} is out of range", g.path(), c.n_layer);
   c.layer_is_swa.assign(c.n_layer, 0);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.d_head, 1)));
@@ -123,9 +150,6 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   if (c.arch == "phi3") {  // every layer in the window (Phi-3 mini 4K: 2047)
     c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
     for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
-    check(!g.find_tensor("rope_factors_long.weight") && !g.find_tensor("rope_factors_short.weight"),
-          "{}: LongRoPE (rope_factors_long / rope_factors_short, Phi-3 128K, Phi-3.5, Phi-4-mini) is not supported",
-          g.path());
   }
   c.validate(g.path());
   return c;
@@ -145,32 +169,132 @@ int64_t json_int_or(const nlohmann::json& j, const char* key, int64_t fallback, 
 }  // namespace
 
 namespace {
-// One rope_parameters / rope_scaling set: its type must be default or linear.
-void read_rope_set(const nlohmann::json& set, const std::string& path, float& theta, float* factor, bool& has_theta) {
-  check(set.is_object(), "{}: a RoPE parameter set must be an object", path);
-  const std::string type = set.value("rope_type", set.value("type", "default"));
-  if (type == "linear") {
-    check(factor && set.contains("factor") && set["factor"].is_number(), "{}: linear RoPE scaling needs a 'factor'", path);
-    *factor = set["factor"].get<float>();
-  } else {
-    check(type == "default", "{}: unsupported RoPE type '{}' (default and linear are supported)", path, type);
+double rope_number(const nlohmann::json& set, const char* key, double fallback, const std::string& path) {
+  if (!set.contains(key) || set[key].is_null()) return fallback;
+  check(set[key].is_number() && std::isfinite(set[key].get<double>()), "{}: RoPE '{}' must be a number", path, key);
+  return set[key].get<double>();
+}
+
+std::vector<float> rope_factor_list(const nlohmann::json& set, const char* key, const std::string& path) {
+  check(set.contains(key) && set[key].is_array() && !set[key].empty(), "{}: longrope needs a '{}' list", path, key);
+  std::vector<float> v;
+  for (const auto& x : set[key]) {
+    check(x.is_number() && x.get<double>() > 0 && std::isfinite(x.get<double>()), "{}: '{}' entries must be positive numbers", path, key);
+    v.push_back(x.get<float>());
   }
+  return v;
+}
+
+// YaRN's cos/sin factor as transformers derives it: 0.1 m ln(s) + 1 (1 for s <= 1).
+double yarn_mscale(double s, double m = 1.0) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+
+// The pair divisors of Llama 3.1's scaling (transformers' _compute_llama3_parameters as divisors).
+std::vector<float> llama3_divisors(const nlohmann::json& set, double base, int64_t dim, const std::string& path) {
+  const double factor = rope_number(set, "factor", 0, path), lo = rope_number(set, "low_freq_factor", 0, path),
+               hi = rope_number(set, "high_freq_factor", 0, path), old = rope_number(set, "original_max_position_embeddings", 0, path);
+  check(factor > 0 && lo > 0 && hi > lo && old > 0 && dim >= 2, "{}: llama3 RoPE needs factor, low_freq_factor < high_freq_factor and original_max_position_embeddings", path);
+  std::vector<float> d(size_t(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double wavelen = 2 * M_PI * std::pow(base, 2.0 * double(i) / double(dim));
+    if (wavelen < old / hi) d[size_t(i)] = 1.0f;
+    else if (wavelen > old / lo) d[size_t(i)] = float(factor);
+    else {
+      const double smooth = (old / wavelen - lo) / (hi - lo);
+      d[size_t(i)] = float(1.0 / ((1 - smooth) / factor + smooth));
+    }
+  }
+  return d;
+}
+
+// What hf_rope needs of the config beyond a set: the rotary dimensions and the context lengths.
+struct RopeShape {
+  int64_t dim = 0, max_pos = 0, orig_top = 0;  // orig_top: a top-level original_max_position_embeddings
+};
+
+// The scaling of one set: yarn and longrope fill r; a sliding-window set (r == nullptr) allows only default.
+void read_rope_scaling(const nlohmann::json& set, const std::string& type, const RopeShape& shape, double base,
+                       const std::string& path, HfRope* r) {
+  if (type == "default") return;
+  check(r != nullptr, "{}: RoPE type '{}' is supported only for full-attention layers", path, type);
+  r->type = type;
+  if (type == "linear") {
+    check(set.contains("factor") && set["factor"].is_number(), "{}: linear RoPE scaling needs a 'factor'", path);
+    r->linear_factor = set["factor"].get<float>();
+    return;
+  }
+  if (type == "llama3") {
+    r->llama3_freqs = llama3_divisors(set, base, shape.dim, path);
+    return;
+  }
+  // transformers: a top-level original_max_position_embeddings (Phi-3) wins over the set's.
+  const double orig = shape.orig_top > 0 ? double(shape.orig_top)
+                                         : rope_number(set, "original_max_position_embeddings", double(shape.max_pos), path);
+  check(orig >= 1 && orig <= 1e9, "{}: original_max_position_embeddings {} is out of range", path, orig);
+  r->orig_ctx = int64_t(orig);
+  const double factor = rope_number(set, "factor", double(shape.max_pos) / orig, path);
+  check(factor > 0, "{}: RoPE scaling factor must be positive", path);
+  const double given = rope_number(set, "attention_factor", -1, path);
+  if (type == "yarn") {
+    r->yarn_factor = float(factor);
+    r->beta_fast = float(rope_number(set, "beta_fast", 32, path));
+    r->beta_slow = float(rope_number(set, "beta_slow", 1, path));
+    check(r->beta_fast > 0 && r->beta_slow > 0, "{}: YaRN beta_fast and beta_slow must be positive", path);
+    check(!set.contains("truncate") || set["truncate"].is_boolean(), "{}: YaRN 'truncate' must be a boolean", path);
+    r->truncate = set.value("truncate", true);
+    const double m = rope_number(set, "mscale", 0, path), m_all = rope_number(set, "mscale_all_dim", 0, path);
+    r->attn_factor = float(given >= 0 ? given : m && m_all ? yarn_mscale(factor, m) / yarn_mscale(factor, m_all) : yarn_mscale(factor));
+  } else if (type == "longrope" || type == "su") {
+    r->type = "longrope";
+    r->long_factor = rope_factor_list(set, "long_factor", path);
+    r->short_factor = rope_factor_list(set, "short_factor", path);
+    check(int64_t(r->long_factor.size()) == shape.dim / 2 && r->short_factor.size() == r->long_factor.size(),
+          "{}: longrope factors must have {} entries (half the rotary dimensions)", path, shape.dim / 2);
+    r->attn_factor = float(given >= 0 ? given : factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(orig)));
+  } else {
+    fail("{}: unsupported RoPE type '{}' (default, linear, llama3, yarn and longrope are supported)", path, type);
+  }
+  check(std::isfinite(r->attn_factor) && r->attn_factor > 0, "{}: RoPE attention factor must be positive", path);
+}
+
+// One rope_parameters / rope_scaling set: its base, and its scaling (r: the full-attention set's).
+void read_rope_set(const nlohmann::json& set, const RopeShape& shape, const std::string& path, float& theta,
+                   HfRope* r, bool& has_theta) {
+  check(set.is_object(), "{}: a RoPE parameter set must be an object", path);
+  const nlohmann::json& t = set.contains("rope_type") ? set["rope_type"] : set.contains("type") ? set["type"] : nlohmann::json("default");
+  check(t.is_string(), "{}: RoPE type must be a string", path);
   if (set.contains("rope_theta")) {
     check(set["rope_theta"].is_number(), "{}: 'rope_theta' must be a number", path);
     theta = set["rope_theta"].get<float>();
     has_theta = true;
   }
+  read_rope_scaling(set, t.get<std::string>(), shape, theta, path, r);
+}
+
+RopeShape rope_shape(const nlohmann::json& j, const std::string& path) {
+  RopeShape s;
+  const int64_t heads = j.contains("num_attention_heads") && j["num_attention_heads"].is_number_integer() ? j["num_attention_heads"].get<int64_t>() : 0;
+  const int64_t hidden = j.contains("hidden_size") && j["hidden_size"].is_number_integer() ? j["hidden_size"].get<int64_t>() : 0;
+  int64_t d = j.contains("head_dim") && j["head_dim"].is_number_integer() ? j["head_dim"].get<int64_t>() : heads > 0 ? hidden / heads : 0;
+  if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number())
+    d = int64_t(double(d) * j["partial_rotary_factor"].get<double>());
+  s.dim = d;
+  s.max_pos = j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer() ? j["max_position_embeddings"].get<int64_t>() : 2048;
+  if (j.contains("original_max_position_embeddings") && j["original_max_position_embeddings"].is_number_integer())
+    s.orig_top = j["original_max_position_embeddings"].get<int64_t>();
+  (void)path;
+  return s;
 }
 }  // namespace
 
 HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
   HfRope r;
+  const RopeShape shape = rope_shape(j, path);
   if (j.contains("rope_theta") && !j["rope_theta"].is_null()) {
     check(j["rope_theta"].is_number(), "{}: 'rope_theta' must be a number", path);
     r.theta = j["rope_theta"].get<float>();
     r.has_theta = true;
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) read_rope_set(j["rope_scaling"], path, r.theta, &r.linear_factor, r.has_theta);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) read_rope_set(j["rope_scaling"], shape, path, r.theta, &r, r.has_theta);
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
     const auto& rp = j["rope_parameters"];
     check(rp.is_object(), "{}: 'rope_parameters' must be an object", path);
@@ -178,16 +302,16 @@ HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
       for (const auto& [key, set] : rp.items())
         check(key == "full_attention" || key == "sliding_attention", "{}: unknown layer type '{}' in rope_parameters", path, key);
       check(rp.contains("full_attention"), "{}: rope_parameters has no full_attention set", path);
-      read_rope_set(rp["full_attention"], path, r.theta, &r.linear_factor, r.has_theta);
+      read_rope_set(rp["full_attention"], shape, path, r.theta, &r, r.has_theta);
       check(r.has_theta, "{}: rope_parameters.full_attention has no rope_theta", path);
       r.theta_swa = r.theta;
       if (rp.contains("sliding_attention")) {
         bool swa_has = false;
-        read_rope_set(rp["sliding_attention"], path, r.theta_swa, nullptr, swa_has);
+        read_rope_set(rp["sliding_attention"], shape, path, r.theta_swa, nullptr, swa_has);
         check(swa_has, "{}: rope_parameters.sliding_attention has no rope_theta", path);
       }
     } else {
-      read_rope_set(rp, path, r.theta, &r.linear_factor, r.has_theta);
+      read_rope_set(rp, shape, path, r.theta, &r, r.has_theta);
       check(r.has_theta, "{}: rope_parameters has no rope_theta", path);
     }
   }
@@ -201,6 +325,20 @@ HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
 }
 
 namespace {
+// YaRN and LongRoPE of config.json (the llama3 divisors become the rope_freqs the weights carry).
+void apply_hf_rope_scaling(const HfRope& r, ModelConfig& c) {
+  c.rope_orig_ctx = r.orig_ctx;
+  c.rope_attn_factor = r.attn_factor;
+  c.yarn_factor = r.yarn_factor;
+  c.yarn_beta_fast = r.beta_fast;
+  c.yarn_beta_slow = r.beta_slow;
+  c.yarn_truncate = r.truncate;
+  c.longrope = r.type == "longrope";
+  c.rope_long_factors = r.long_factor;
+  c.rope_short_factors = r.short_factor;
+  c.rope_llama3_freqs = r.llama3_freqs;
+}
+
 // The experts of a Qwen2/Qwen3-MoE or OLMoE config.json (num_experts, or num_local_experts as
 // transformers 5 spells it for Qwen3-MoE); every layer is MoE unless mlp_only_layers or
 // decoder_sparse_step say otherwise.
@@ -288,6 +426,7 @@ ModelConfig config_from_hf(const std::string& path) {
     c.rope_base = rope.theta;
     c.rope_base_swa = rope.theta_swa;
     c.rope_linear_scale = rope.linear_factor;
+    apply_hf_rope_scaling(rope, c);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: missing or mistyped field: {}", path, e.what());
   }

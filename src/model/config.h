@@ -32,6 +32,19 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   float rope_base_swa = 10000.0f;  // base of sliding-window layers (Gemma 3)
   float rope_linear_scale = 1.0f;  // positions are divided by this (linear RoPE scaling)
+  // YaRN (yarn_factor > 0): pairs that turn fewer than beta_slow times over rope_orig_ctx positions are
+  // interpolated (angle / factor), those turning more than beta_fast times kept, a linear ramp between
+  // (the correction range floored and ceiled unless !yarn_truncate); every layer.
+  float yarn_factor = 0.0f, yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+  bool yarn_truncate = true;
+  int64_t rope_orig_ctx = 0;      // YaRN / LongRoPE: the context the model was pre-trained with
+  float rope_attn_factor = 1.0f;  // cos and sin are multiplied by it (YaRN's mscale, LongRoPE's factor)
+  // LongRoPE (Phi-3 128K, Phi-3.5, Phi-4-mini): per-pair divisors of the angle, the long set when the
+  // context in use exceeds rope_orig_ctx (Model::set_context_length), else the short one. From
+  // config.json; a GGUF file holds them as the tensors rope_factors_{long,short}.
+  bool longrope = false;
+  std::vector<float> rope_long_factors, rope_short_factors;
+  std::vector<float> rope_llama3_freqs;  // config.json's llama3 scaling (GGUF: the rope_freqs tensor)
   int64_t sliding_window = 0;      // 0: none
   std::vector<uint8_t> layer_is_swa;
   float attn_scale = 1.0f;
@@ -85,11 +98,22 @@ struct ModelConfig {
 // `rope_scaling`, or transformers 5's `rope_parameters` (one set, or one per layer type:
 // "full_attention", "sliding_attention"). Types: default and linear; any other, or a set without a
 // base, is refused (Error) rather than run with a default. Without either spelling: base 10000.
+// Types: default, linear, yarn, longrope (`su`) and llama3 (full-attention set only); others are refused.
 struct HfRope {
   bool has_theta = false;
   float theta = 10000.0f;      // full-attention layers
   float theta_swa = 10000.0f;  // sliding-window layers (their own set in rope_parameters, else theta)
   float linear_factor = 1.0f;  // linear scaling (positions divided by it); 1: none
+  std::string type = "default";  // of the full-attention set
+  // yarn: factor, beta_fast/slow, truncate; yarn/longrope: the cos/sin factor and original context
+  // (rope set, else the top-level original_max_position_embeddings, else max_position_embeddings).
+  float yarn_factor = 0.0f, beta_fast = 32.0f, beta_slow = 1.0f;
+  bool truncate = true;
+  int64_t orig_ctx = 0;
+  float attn_factor = 1.0f;  // as transformers computes it (yarn: 0.1 ln s + 1 or mscale ratio; longrope)
+  std::vector<float> long_factor, short_factor;  // longrope
+  // llama3: the per-pair divisors Llama 3.1 applies (as rope_freqs.weight in GGUF)
+  std::vector<float> llama3_freqs;
 };
 HfRope hf_rope(const nlohmann::json& config, const std::string& path);
 

@@ -145,7 +145,7 @@ std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& op
 
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
   std::unique_ptr<Model> m = open_model(path, options);
-  m->k_centres_ = m->compute_k_centres();
+  m->set_context_length(m->config_.n_ctx_train);  // RoPE factors and the K centres
   m->expert_tokens_ = std::vector<std::atomic<uint64_t>>(size_t(m->config_.n_layer * m->config_.n_expert));
   return m;
 }

@@ -131,8 +131,35 @@ double Model::rope_angle(double pos, int64_t i, bool swa_layer) const {
   const double base = swa_layer ? c.rope_base_swa : c.rope_base;
   const double p = pos / (swa_layer ? 1.0 : c.rope_linear_scale);
   double theta = p * std::pow(base, -2.0 * double(i) / double(c.rot_dims()));
-  if (!weights_.rope_freqs.empty()) theta /= weights_.rope_freqs[i];
+  if (!rope_div_.empty()) theta /= rope_div_[i];
+  if (!yarn_ramp_.empty()) theta = theta / c.yarn_factor * (1.0 - yarn_ramp_[i]) + theta * yarn_ramp_[i];
   return theta;
+}
+
+void Model::init_yarn() {
+  const auto& c = config_;
+  yarn_ramp_.clear();
+  if (c.yarn_factor <= 0) return;
+  // transformers' find_correction_range: the pair index where a pair turns `rot` times over the
+  // original context, floored/ceiled (truncate) and clamped to [0, dim - 1].
+  const double dim = double(c.rot_dims()), base = c.rope_base, orig = double(c.rope_orig_ctx);
+  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base)); };
+  double lo = corr(c.yarn_beta_fast), hi = corr(c.yarn_beta_slow);
+  if (c.yarn_truncate) lo = std::floor(lo), hi = std::ceil(hi);
+  lo = std::max(lo, 0.0), hi = std::min(hi, dim - 1);
+  if (lo == hi) hi += 0.001;
+  yarn_ramp_.resize(size_t(c.rot_dims() / 2));
+  for (size_t i = 0; i < yarn_ramp_.size(); ++i)
+    yarn_ramp_[i] = 1.0 - std::clamp((double(i) - lo) / (hi - lo), 0.0, 1.0);
+}
+
+void Model::set_context_length(int64_t n_ctx) {
+  const auto& c = config_;
+  rope_div_ = weights_.rope_freqs;
+  long_rope_ = c.longrope && n_ctx > c.rope_orig_ctx;
+  if (c.longrope) rope_div_ = long_rope_ ? weights_.rope_long : weights_.rope_short;
+  init_yarn();
+  k_centres_ = compute_k_centres();
 }
 
 Model::RopeTable Model::rope_table(const Batch& batch, bool swa_layer) const {
@@ -140,11 +167,12 @@ Model::RopeTable Model::rope_table(const Batch& batch, bool swa_layer) const {
   // Rows of d_head / 2 entries; the first rot_dims() / 2 are used (partial rotary leaves the rest).
   const int64_t half = c.d_head / 2, n_tok = int64_t(batch.size());
   RopeTable r{std::vector<float>(n_tok * half), std::vector<float>(n_tok * half)};
+  const double mscale = c.rope_attn_factor;  // YaRN / LongRoPE scale cos and sin (1: exact as before)
   parallel_for(n_tok, [&](int64_t t) {
     for (int64_t i = 0; i < c.rot_dims() / 2; ++i) {
       const double theta = rope_angle(batch.positions[t], i, swa_layer);
-      r.cs[t * half + i] = float(std::cos(theta));
-      r.sn[t * half + i] = float(std::sin(theta));
+      r.cs[t * half + i] = float(std::cos(theta) * mscale);
+      r.sn[t * half + i] = float(std::sin(theta) * mscale);
     }
   });
   return r;
@@ -182,7 +210,8 @@ std::vector<std::vector<float>> Model::compute_k_centres() const {
       const double theta = rope_angle(1.0, i, swa);
       const double s = std::sin(theta / 2);
       const double amp = std::abs(s) < 1e-12 ? 1.0 : std::sin(n * theta / 2) / (n * s);
-      const double mc = amp * std::cos(theta * (n - 1) / 2), ms = amp * std::sin(theta * (n - 1) / 2);
+      const double g = c.rope_attn_factor;  // YaRN / LongRoPE scale the rotated keys
+      const double mc = g * amp * std::cos(theta * (n - 1) / 2), ms = g * amp * std::sin(theta * (n - 1) / 2);
       for (size_t h = 0; h < bk.size() / size_t(d); ++h) {
         const size_t a = h * d + (neox ? i : 2 * i), b = h * d + (neox ? i + half : 2 * i + 1);
         centre[a] = float(bk[a] * mc - bk[b] * ms);

@@ -192,6 +192,11 @@ class Model {
   // outliers (|b| up to 354). Always/Never are for tests and measurements.
   enum class KCentring { QuantizedCaches, Always, Never };
   void set_k_centring(KCentring mode) { k_centring_ = mode; }
+  // The context length the model runs with (--max-model-len): LongRoPE models take their long factors
+  // when it exceeds the original context, else the short ones (llama.cpp's rule). Load sets the
+  // model's own context length. Call before any forward pass.
+  void set_context_length(int64_t n_ctx);
+  bool uses_long_rope() const { return long_rope_; }
   // Per layer, this rank's kv_dim centre (empty where the layer has no K bias or uses QK-norm): the
   // layer's K bias rotated by RoPE and averaged over positions 0 .. n_ctx_train - 1.
   const std::vector<std::vector<float>>& k_centres() const { return k_centres_; }
@@ -214,6 +219,9 @@ class Model {
   // The centre subtracted from layer il's keys before `kv` stores them, or null.
   const float* k_centre(int64_t il, const KvCache& kv) const;
   std::vector<std::vector<float>> k_centres_;
+  std::vector<float> rope_div_;     // per pair: the angle is divided by it (Llama 3 factors, LongRoPE's set)
+  std::vector<double> yarn_ramp_;   // per pair: YaRN's extrapolation weight
+  bool long_rope_ = false;
   mutable std::vector<std::atomic<uint64_t>> expert_tokens_;  // [layer][expert], counted by forward
   KCentring k_centring_ = KCentring::QuantizedCaches;
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
@@ -239,6 +247,8 @@ class Model {
   RopeTable rope_table(const Batch& batch, bool swa_layer) const;
   // The rotary angle of pair i at position `pos` (rope_table's, and k_centres' per-position step).
   double rope_angle(double pos, int64_t i, bool swa_layer) const;
+  // YaRN's extrapolation weight of each pair (1: angle kept, 0: divided by the factor); empty: no YaRN.
+  void init_yarn();
   void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
   void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x,
                        ShardIo* io) const;

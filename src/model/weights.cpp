@@ -186,6 +186,18 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
     w.weight_bytes += matrix_bytes(w.output);
   }
   w.rope_freqs = b.vector("rope_freqs.weight", c.rot_dims() / 2, /*required=*/false);
+  if (w.rope_freqs.empty()) w.rope_freqs = c.rope_llama3_freqs;
+  if (c.longrope) {
+    w.rope_long = b.vector("rope_factors_long.weight", c.rot_dims() / 2, /*required=*/false);
+    w.rope_short = b.vector("rope_factors_short.weight", c.rot_dims() / 2, /*required=*/false);
+    if (w.rope_long.empty()) w.rope_long = c.rope_long_factors;
+    if (w.rope_short.empty()) w.rope_short = c.rope_short_factors;
+    check(int64_t(w.rope_long.size()) == c.rot_dims() / 2 && w.rope_short.size() == w.rope_long.size(),
+          "{}: LongRoPE factors must have {} entries", source, c.rot_dims() / 2);
+  }
+  check(w.rope_freqs.empty() || int64_t(w.rope_freqs.size()) == c.rot_dims() / 2, "{}: rope_freqs must have {} entries", source, c.rot_dims() / 2);
+  for (const auto* v : {&w.rope_freqs, &w.rope_long, &w.rope_short})
+    for (float f : *v) check(std::isfinite(f) && f > 0, "{}: RoPE frequency factors must be positive", source);
   w.layers.resize(size_t(c.n_layer));
   for (int64_t il = 0; il < c.n_layer; ++il) {
     if (!c.owns_layer(il)) continue;  // another stage's: not bound, so its pages are never read

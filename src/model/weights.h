@@ -33,7 +33,8 @@ struct ModelWeights {
   WeightMatrix tok_embd;            // [n_vocab, n_embd]
   std::vector<float> output_norm;   // [n_embd]
   WeightMatrix output;              // [n_vocab, n_embd] (the embedding when tied)
-  std::vector<float> rope_freqs;    // [d_head / 2] Llama 3 frequency factors, optional
+  std::vector<float> rope_freqs;    // [rot / 2] Llama 3 frequency factors, optional
+  std::vector<float> rope_long, rope_short;  // [rot / 2] LongRoPE factors (GGUF tensors, else config.json's)
   std::vector<LayerWeights> layers;
   // Bytes of weight data referenced (matrices and vectors), for `serval info`.
   uint64_t weight_bytes = 0;

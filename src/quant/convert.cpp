@@ -129,12 +129,43 @@ void add_common_hparams(GgufWriter& w, const std::string& a, const json& c, cons
   }
 }
 
-// hf_rope refuses any RoPE type other than default and linear, so nothing is dropped silently.
-void add_linear_rope_scaling(GgufWriter& w, const std::string& a, const json& c, const std::string& path) {
+// RoPE scaling keys as llama.cpp's converter writes them: linear (type, factor); yarn (type, factor,
+// original context, betas where not 32/1, attn_factor where transformers' factor is not llama.cpp's
+// 0.1 ln s + 1, and Serval's own serval.rope.yarn_truncate = false where config.json says so);
+// longrope (original context, attn_factor; the factors are tensors: add_rope_tensors). llama3 needs
+// no key (its rope_freqs tensor). hf_rope refuses any other type, so nothing is dropped silently.
+void add_rope_scaling(GgufWriter& w, const std::string& a, const json& c, const std::string& path) {
   const HfRope rope = hf_rope(c, path);
   if (rope.linear_factor != 1.0f) {
     w.add_string(a + ".rope.scaling.type", "linear");
     w.add_f32(a + ".rope.scaling.factor", rope.linear_factor);
+  }
+  if (rope.type == "yarn") {
+    w.add_string(a + ".rope.scaling.type", "yarn");
+    w.add_f32(a + ".rope.scaling.factor", rope.yarn_factor);
+    w.add_u32(a + ".rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
+    if (rope.beta_fast != 32.0f) w.add_f32(a + ".rope.scaling.yarn_beta_fast", rope.beta_fast);
+    if (rope.beta_slow != 1.0f) w.add_f32(a + ".rope.scaling.yarn_beta_slow", rope.beta_slow);
+    const double llama_cpp = rope.yarn_factor > 1 ? 1.0 + 0.1 * std::log(double(rope.yarn_factor)) : 1.0;
+    if (std::abs(rope.attn_factor / llama_cpp - 1.0) > 1e-7) w.add_f32(a + ".rope.scaling.attn_factor", float(rope.attn_factor / llama_cpp));
+    if (!rope.truncate) w.add_value("serval.rope.yarn_truncate", {GgufValueType::BOOL, false});
+  } else if (rope.type == "longrope") {
+    w.add_u32(a + ".rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
+    w.add_f32(a + ".rope.scaling.attn_factor", rope.attn_factor);
+  }
+}
+
+// The RoPE factor tensors: rope_freqs (llama3 scaling, as LlamaModel writes it) or LongRoPE's
+// rope_factors_long / rope_factors_short (Phi3MiniModel), always F32.
+void add_rope_tensors(GgufWriter& w, const json& c, const std::string& path) {
+  const HfRope rope = hf_rope(c, path);
+  auto add = [&](const char* name, const std::vector<float>& v) {
+    w.add_tensor(name, {uint64_t(v.size())}, uint32_t(DType::F32), reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float));
+  };
+  if (!rope.llama3_freqs.empty()) add("rope_freqs.weight", rope.llama3_freqs);
+  if (rope.type == "longrope") {
+    add("rope_factors_long.weight", rope.long_factor);
+    add("rope_factors_short.weight", rope.short_factor);
   }
 }
 
@@ -208,7 +239,7 @@ void add_gemma2_hparams(GgufWriter& w, const json& c, const std::string& path) {
     check(c["query_pre_attn_scalar"].get<double>() > 0, "{}: query_pre_attn_scalar must be positive", path);
     w.add_f32("gemma2.attention.scale", float(1.0 / std::sqrt(c["query_pre_attn_scalar"].get<double>())));
   }
-  add_linear_rope_scaling(w, "gemma2", c, path);
+  add_rope_scaling(w, "gemma2", c, path);
 }
 
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
@@ -220,7 +251,7 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     add_moe_hparams(w, arch, c, path);
   }
   if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" || arch == "qwen2moe" || arch == "olmoe") {
-    add_linear_rope_scaling(w, arch, c, path);
+    add_rope_scaling(w, arch, c, path);
   } else if (arch == "phi3") {
     // Phi3MiniModel: the rotary dimensions (partial_rotary_factor) and the window of every layer.
     const uint32_t n_head = hp_u32(c, "num_attention_heads", path), d = hp_u32(c, "hidden_size", path) / n_head;
@@ -228,13 +259,13 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     check(f > 0 && f <= 1, "{}: partial_rotary_factor must be in (0, 1]", path);
     w.add_u32("phi3.rope.dimension_count", uint32_t(double(d) * f));
     if (has_number(c, "sliding_window")) w.add_u32("phi3.attention.sliding_window", hp_u32(c, "sliding_window", path));
-    add_linear_rope_scaling(w, arch, c, path);
+    add_rope_scaling(w, arch, c, path);
   } else if (arch == "llama") {
     w.add_u32("llama.vocab_size", hp_u32(c, "vocab_size", path));
     const uint32_t n_head = hp_u32(c, "num_attention_heads", path);
     w.add_u32("llama.rope.dimension_count",
               has_number(c, "head_dim") ? hp_u32(c, "head_dim", path) : hp_u32(c, "hidden_size", path) / n_head);
-    add_linear_rope_scaling(w, arch, c, path);
+    add_rope_scaling(w, arch, c, path);
   } else if (arch == "gemma3") {
     // Gemma3Model writes its own set, with the defaults of transformers' Gemma3TextConfig.
     check_gemma_layer_types(c, 6, path);
@@ -251,7 +282,7 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     w.add_f32("gemma3.rope.freq_base", rope.has_theta ? rope.theta : 1000000.0f);
     w.add_u32("gemma3.attention.sliding_window", hp_u32(c, "sliding_window", path));
     w.add_u32("gemma3.attention.head_count_kv", c.value("num_key_value_heads", 4u));
-    add_linear_rope_scaling(w, arch, c, path);
+    add_rope_scaling(w, arch, c, path);
   } else if (arch == "gemma2") {
     add_gemma2_hparams(w, c, path);
   }
@@ -653,6 +684,7 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
     add_tensor(w, a, m, type);
     if (o.progress) o.progress(i + 1, tensors.size(), m.name, type);
   }
+  add_rope_tensors(w, config, config_path);
   w.write(out_path);
 }
 

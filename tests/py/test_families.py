@@ -1,5 +1,5 @@
 """Model families against Hugging Face transformers: tiny random Qwen3, Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral,
-Gemma 2, Gemma 3 and Phi-3
+Gemma 2, Gemma 3 and Phi-3 configurations, and RoPE scaling (Phi-3 LongRoPE, Qwen3 YaRN, Llama 3.1's llama3)
 configurations (tests/data/families, recorded by its record.py) loaded from their safetensors directly
 and through `serval convert` to GGUF (F32, F16), matching transformers' log-probabilities and greedy
 tokens; Q8_0 measured by KL divergence and top-1 agreement against F32; the GGUF files read back by
@@ -90,8 +90,15 @@ EXPECTED_KEYS = {
                "attention.scale": pytest.approx(24 ** -0.5)},
     "gemma3": {"attention.sliding_window": 6},
     "phi3": {"rope.dimension_count": 8, "attention.sliding_window": 6},
+    # RoPE scaling as llama.cpp's converter writes it (Phi3MiniModel, Qwen2Model's yarn, LlamaModel's
+    # rope_freqs); Serval's own key where transformers' truncate=False has no llama.cpp spelling.
+    "phi3_longrope": {"rope.scaling.original_context_length": 4, "rope.scaling.attn_factor": pytest.approx(3 ** 0.5)},
+    "qwen3_yarn": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 256,
+                   "rope.scaling.yarn_beta_fast": 16.0},
+    "llama3_rope": {},
 }
-GGUF_ARCH = {"mixtral": "llama"}  # llama.cpp writes Mixtral as llama with experts
+GGUF_ARCH = {"mixtral": "llama", "phi3_longrope": "phi3", "qwen3_yarn": "qwen3", "llama3_rope": "llama"}  # the file's own arch
+ROPE_TENSORS = {"phi3_longrope": ["rope_factors_long.weight", "rope_factors_short.weight"], "llama3_rope": ["rope_freqs.weight"]}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -105,7 +112,11 @@ def test_gguf_package_reads_what_convert_writes(arch, converted):
     cfg = json.loads((FAMILIES / arch / "config.json").read_text())
     e, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or e // heads
-    if arch == "phi3":  # fused: Q, K, V rows in one matrix; gate and up rows in another
+    for name in ROPE_TENSORS.get(arch, []):
+        assert shapes[name] == [d // 2]
+    if arch == "qwen3_yarn":
+        assert r.fields["serval.rope.yarn_truncate"].contents() is False
+    if arch.startswith("phi3"):  # fused: Q, K, V rows in one matrix; gate and up rows in another
         assert shapes["blk.0.attn_qkv.weight"] == [e, (heads + 2 * kv) * d]
         assert shapes["blk.0.ffn_up.weight"] == [e, 2 * cfg["intermediate_size"]]
         return
@@ -188,6 +199,6 @@ def test_configurations_gguf_cannot_hold_are_refused(tmp_path):
 def test_unknown_rope_is_refused_not_defaulted(tmp_path, convert):
     """transformers 5's rope_parameters with a RoPE type Serval does not implement: an error naming it,
     whether converting or loading the directory, never a silent default (issue #41)."""
-    err = refused(tmp_path, "qwen3", lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}),
+    err = refused(tmp_path, "qwen3", lambda c: c.update(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0}),
                   convert=convert)
-    assert "yarn" in err
+    assert "dynamic" in err

@@ -355,13 +355,51 @@ TEST(HfConfig, RopeParametersOfTransformers5) {
   EXPECT_EQ(per_type.rope_base, 1e6f);
   EXPECT_EQ(per_type.rope_base_swa, 1e4f);
   EXPECT_THROW(load(R"(,"rope_parameters":{"rope_type":"default"})"), Error);  // no base
-  EXPECT_THROW(load(R"(,"rope_parameters":{"rope_theta":1e6,"rope_type":"yarn","factor":4.0})"), Error);
-  EXPECT_THROW(load(R"(,"rope_parameters":{"rope_theta":1e6,"rope_type":"llama3","factor":8.0})"), Error);
+  EXPECT_THROW(load(R"(,"rope_parameters":{"rope_theta":1e6,"rope_type":"llama3","factor":8.0})"), Error);  // no low/high
   EXPECT_THROW(load(R"(,"rope_scaling":{"rope_type":"dynamic","factor":2.0})"), Error);
   EXPECT_THROW(load(R"(,"rope_parameters":{"full_attention":{"rope_type":"default"}})"), Error);
   EXPECT_THROW(load(R"(,"rope_parameters":{"chunked_attention":{"rope_theta":1e4}})"), Error);
   EXPECT_THROW(load(R"(,"rope_parameters":"default")"), Error);
   EXPECT_THROW(load(R"(,"rope_theta":"big")"), Error);
+  std::filesystem::remove(path);
+}
+
+// YaRN, LongRoPE and llama3 in both spellings; the derived factors are transformers' formulas.
+TEST(HfConfig, RopeScalingTypes) {
+  const auto path = std::filesystem::temp_directory_path() / "serval-test-rope-scaling.json";
+  auto load = [&](const std::string& extra) { return small_hf_config(path, "qwen2", extra); };
+  // transformers 4: rope_scaling beside rope_theta; the factor's default mscale 0.1 ln 4 + 1.
+  const auto yarn4 = load(R"(,"rope_theta":1e6,"max_position_embeddings":131072,)"
+                          R"("rope_scaling":{"type":"yarn","factor":4.0,"original_max_position_embeddings":32768})");
+  EXPECT_EQ(yarn4.yarn_factor, 4.0f);
+  EXPECT_EQ(yarn4.rope_orig_ctx, 32768);
+  EXPECT_NEAR(yarn4.rope_attn_factor, 0.1 * std::log(4.0) + 1, 1e-6);
+  EXPECT_TRUE(yarn4.yarn_truncate);
+  // transformers 5; DeepSeek's mscale ratio (equal mscales: 1); no original: max_position_embeddings.
+  const auto yarn5 = load(R"(,"max_position_embeddings":4096,"rope_parameters":{"rope_theta":1e4,"rope_type":"yarn",)"
+                          R"("factor":40,"mscale":0.707,"mscale_all_dim":0.707,"beta_fast":16,"truncate":false})");
+  EXPECT_EQ(yarn5.rope_orig_ctx, 4096);
+  EXPECT_NEAR(yarn5.rope_attn_factor, 1.0, 1e-6);
+  EXPECT_EQ(yarn5.yarn_beta_fast, 16.0f);
+  EXPECT_FALSE(yarn5.yarn_truncate);
+  // LongRoPE (Phi-3: original_max_position_embeddings at the top), factor 131072 / 4096 = 32.
+  const std::string factors = R"("short_factor":[1,1],"long_factor":[2,4])";
+  const auto lr = load(R"(,"hidden_size":8,"max_position_embeddings":131072,"original_max_position_embeddings":4096,)"
+                       R"("rope_scaling":{"type":"longrope",)" + factors + "}");
+  EXPECT_TRUE(lr.longrope);
+  EXPECT_EQ(lr.rope_orig_ctx, 4096);
+  EXPECT_NEAR(lr.rope_attn_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-6);
+  EXPECT_EQ(lr.rope_long_factors, (std::vector<float>{2, 4}));
+  EXPECT_THROW(load(R"(,"rope_scaling":{"type":"longrope","short_factor":[1],"long_factor":[2]})"), Error);  // 2 pairs
+  EXPECT_THROW(load(R"(,"rope_scaling":{"type":"longrope","short_factor":[1,0],"long_factor":[2,4]})"), Error);
+  EXPECT_THROW(load(R"(,"rope_scaling":{"type":"yarn","factor":-2})"), Error);
+  // llama3 (Llama 3.1's numbers on pairs of a 4-wide head with base 500000): divisors in [1, factor].
+  const auto l3 = load(R"(,"rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,)"
+                       R"("high_freq_factor":4.0,"original_max_position_embeddings":8192},"rope_theta":500000.0)");
+  ASSERT_EQ(l3.rope_llama3_freqs.size(), 2u);
+  EXPECT_EQ(l3.rope_llama3_freqs[0], 1.0f);  // wavelength 2 pi: high frequency, kept
+  // wavelength 2 pi sqrt(500000) = 4443, between 8192 / 4 and 8192: smoothed, s = (8192 / 4443 - 1) / 3
+  EXPECT_NEAR(l3.rope_llama3_freqs[1], 2.6945297, 1e-5);
   std::filesystem::remove(path);
 }
 

@@ -156,6 +156,22 @@ double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return sum / double(a.size());
 }
 
+// LongRoPE picks its factor set by the context in use (llama.cpp's rule): the tiny Phi-3 of
+// tests/data/families (original context 4, trained 64) loads with the long set; a context of 4 takes
+// the short set and changes the logits; going back gives the very same logits again.
+TEST(Model, LongRopeFactorSetFollowsTheContextLength) {
+  auto m = Model::load(std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/phi3_longrope");
+  ASSERT_TRUE(m->config().longrope);
+  EXPECT_TRUE(m->uses_long_rope());
+  const std::vector<int32_t> tokens = {1, 400, 401, 402, 403, 404, 405, 406};
+  const auto long_set = all_logits(*m, tokens, 512, DType::F32);
+  m->set_context_length(4);
+  EXPECT_FALSE(m->uses_long_rope());
+  EXPECT_GT(mean_abs_diff(long_set, all_logits(*m, tokens, 512, DType::F32)), 1e-3);
+  m->set_context_length(5);
+  EXPECT_EQ(long_set, all_logits(*m, tokens, 512, DType::F32));
+}
+
 // Qwen's K bias holds outliers (|b| up to 158 on the 0.5B) that a quantized cache spent its range on;
 // keys are centred on the bias's rotary mean before a q8_0 or FP8 cache stores them
 // (Model::KCentring). The centre is checked against the mean of the rotated bias summed position by

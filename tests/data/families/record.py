@@ -16,9 +16,10 @@ Hugging Face directory with the TinyStories-656K tokenizer, and run in F32 on th
 """
 import json
 import pathlib
+import sys
 
 import torch
-from transformers import (AutoTokenizer, Phi3Config, Phi3ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -69,6 +70,33 @@ def families(vocab):
     }
 
 
+def scaled_families(vocab):
+    """RoPE scaling, recorded after the families above with a seed of its own (so theirs stay as they were)."""
+    d = 16  # rotary pairs 0..7 (head size 16), or 16 pairs for Qwen3's 32
+    return {
+        # Phi-3 LongRoPE (Phi-3 128K / Phi-3.5 / Phi-4-mini): an original context of 4 tokens, shorter
+        # than every prompt, so transformers takes the long factors throughout (as Serval does when its
+        # context exceeds the original); attention factor sqrt(1 + ln 16 / ln 4).
+        "phi3_longrope": Phi3ForCausalLM(Phi3Config(
+            vocab_size=vocab, intermediate_size=96, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            **{**COMMON, "max_position_embeddings": 64}, original_max_position_embeddings=4,
+            rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.3 * i for i in range(d // 2)],
+                          "long_factor": [1.0 + 2.5 * i for i in range(d // 2)]})),
+        # Qwen3 with YaRN (Qwen3's documented long-context setting): factor 4 over an original 256
+        # positions, beta_fast 16 and truncate false (gpt-oss's) so the ramp is fractional.
+        "qwen3_yarn": Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=vocab, intermediate_size=128, head_dim=32, **{**COMMON, "max_position_embeddings": 1024},
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 256, "beta_fast": 16.0, "beta_slow": 1.0,
+                             "truncate": False})),
+        # Llama 3.1's scaling: pair 0 smoothed, the rest divided by the factor.
+        "llama3_rope": LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab, intermediate_size=128, **COMMON,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    }
+
+
 def record(model, tok):
     rows = []
     with torch.no_grad():
@@ -88,11 +116,27 @@ def record(model, tok):
     return rows
 
 
+def save(name, model, tok, reference):
+    model.eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    model = model.half()  # stored as F16; the reference runs in F32 on the same values
+    d = HERE / name
+    d.mkdir(exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (d / f).write_bytes((STORIES / f).read_bytes())
+    reference[name] = record(model.float(), tok)
+
+
 def main():
     torch.manual_seed(41)
     tok = AutoTokenizer.from_pretrained(STORIES)
     reference = {}
-    for name, model in families(tok.vocab_size).items():
+    only_scaled = "--scaled" in sys.argv  # re-record only the RoPE-scaling families, keeping the rest
+    if only_scaled:
+        reference = json.loads((HERE / "reference.json").read_text())
+    for name, model in ({} if only_scaled else families(tok.vocab_size)).items():
         model.eval()
         for p in model.parameters():
             torch.nn.init.normal_(p, std=0.2)
@@ -103,6 +147,9 @@ def main():
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             (d / f).write_bytes((STORIES / f).read_bytes())
         reference[name] = record(model.float(), tok)
+    torch.manual_seed(42)
+    for name, model in scaled_families(tok.vocab_size).items():
+        save(name, model, tok, reference)
     (HERE / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
 
