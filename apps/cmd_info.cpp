@@ -47,7 +47,8 @@ void print_info(const std::string& path) {
       for (const auto& m : *experts) count(m);
     if (!L.exp_gate.empty())
       idle_expert_params += uint64_t(c.n_expert - c.n_expert_used) * 3 * uint64_t(c.n_ff_exp) * uint64_t(c.n_embd);
-    n_params += L.sh_router.size();
+    n_params += L.sh_router.size() + L.bo.size() + L.sinks.size() + L.router_b.size() + L.exp_gate_b.size() +
+                L.exp_up_b.size() + L.exp_down_b.size();
     n_params += L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
                 L.k_norm.size() + L.post_attn_norm.size() + L.post_ffn_norm.size();
   }

@@ -82,6 +82,9 @@ struct AttentionShape {
   float scale = 1.0f;
   // > 0: scores soft-capped to softcap * tanh(score / softcap) before the softmax (Gemma 2).
   float softcap = 0.0f;
+  // Attention sinks (gpt-oss): n_head learned logits, each joining its head's softmax as one more
+  // score with no value (it only adds exp(sink - max) to the denominator); null: none.
+  const float* sinks = nullptr;
 };
 
 namespace ref {
@@ -151,6 +154,9 @@ void lora_update(std::span<const LoraSegment> segments, int64_t in, int64_t out,
 // `gate` or `up`. A lane's result does not depend on n or its position.
 enum class GluKind { Silu, GeluTanh };
 void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
+// gpt-oss's SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) g sigmoid(alpha g).
+// Written as the level's SiLU GLU of (alpha g, (u + 1) / alpha), after one clamping pass. out may be gate.
+void glu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 // x[i] = GELU in its erf form (BERT's "gelu"), in place. The scalar level is gelu_erf (std::erf); the
 // SIMD levels use Abramowitz & Stegun's erf (7.1.26, as PyTorch's vectorized erf), within
 // 0.5 |x| 1.5e-7 plus float rounding of it (kernels/cpu/glu_avx2.cpp). A lane's result does not depend

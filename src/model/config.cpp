@@ -58,6 +58,13 @@ void ModelConfig::validate(const std::string& src) const {
 }
 
 namespace {
+// What gpt-oss has beyond a Qwen-style MoE (ModelConfig's comment); every layer is MoE.
+void set_gpt_oss(ModelConfig& c) {
+  c.attn_bias = c.attn_out_bias = c.attn_sinks = c.moe_biases = c.swiglu_oai = true;
+  c.expert_weights_norm = true;  // softmax over the chosen logits
+  c.layer_is_moe.assign(size_t(c.n_layer), 1);
+}
+
 // rope.scaling.*: linear (positions divided by the factor), yarn (factor, original context, betas,
 // attn_factor as llama.cpp's multiplier of 0.1 ln s + 1) and LongRoPE (rope_factors_long/short
 // tensors, which Model reads; attn_factor as the factor itself). Any other type is refused.
@@ -92,7 +99,7 @@ void read_gguf_rope_scaling(const GgufFile& g, const std::string& a, ModelConfig
 ModelConfig config_from_gguf(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
-  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "phi3"};
+  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "phi3", "gpt-oss"};
   if (!supported.count(c.arch))
     fail("{}: unsupported architecture '{}' (supported: {})", g.path(), c.arch, fmt::join(supported, ", "));
   const std::string a = c.arch + ".";
@@ -107,6 +114,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     check(*vl == c.d_head, "{}: value_length {} differs from key_length {} (unsupported)", g.path(), *vl, c.d_head);
   c.norm_eps = static_cast<float>(g.find_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_base = static_cast<float>(g.find_float(a + "rope.freq_base").value_or(10000.0));
+  c.rope_base_swa = c.rope_base;  // sliding-window layers share the base (Gemma 3 has its own: below)
   c.n_vocab = static_cast<int64_t>(g.get_array("tokenizer.ggml.tokens").size());
   read_gguf_rope_scaling(g, a, c);
   check(c.n_layer > 0 && c.n_layer <= kMaxLayers, "{}: block_count {} is out of range", g.path(), c.n_layer);
@@ -122,7 +130,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.n_ff_exp = g.find_int(a + "expert_feed_forward_length").value_or(c.n_ff);
     c.n_ff_shexp = g.find_int(a + "expert_shared_feed_forward_length").value_or(0);
     // llama.cpp renormalizes the chosen weights for Mixtral and Qwen3-MoE, not for Qwen2-MoE and OLMoE.
-    c.expert_weights_norm = g.find_bool(a + "expert_weights_norm").value_or(c.arch == "llama" || c.arch == "qwen3moe");
+    c.expert_weights_norm = g.find_bool(a + "expert_weights_norm").value_or(c.arch == "llama" || c.arch == "qwen3moe" || c.arch == "gpt-oss");
     // A layer is MoE where the file has its router (Qwen's mlp_only_layers stay dense).
     c.layer_is_moe.assign(c.n_layer, 0);
     for (int64_t il = 0; il < c.n_layer && il < kMaxLayers; ++il)
@@ -147,6 +155,14 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   }
   if (auto scale = g.find_float(a + "attention.scale")) c.attn_scale = static_cast<float>(*scale);
   if (auto n_rot = g.find_int(a + "rope.dimension_count"); n_rot && *n_rot != c.d_head) c.n_rot = *n_rot;
+  if (c.arch == "gpt-oss") {  // llama.cpp's gpt-oss: even layers in the window, OpenAI's SwiGLU constants
+    set_gpt_oss(c);
+    c.swiglu_limit = float(g.find_float("serval.swiglu_limit").value_or(7.0));
+    c.swiglu_alpha = float(g.find_float("serval.swiglu_alpha").value_or(1.702));
+    check(c.swiglu_limit > 0, "{}: serval.swiglu_limit must be positive", g.path());
+    c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
+    for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0 && il % 2 == 0;
+  }
   if (c.arch == "phi3") {  // every layer in the window (Phi-3 mini 4K: 2047)
     c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
     for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
@@ -310,9 +326,10 @@ HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
         read_rope_set(rp["sliding_attention"], shape, path, r.theta_swa, nullptr, swa_has);
         check(swa_has, "{}: rope_parameters.sliding_attention has no rope_theta", path);
       }
-    } else {
+    } else {  // one set for every layer
       read_rope_set(rp, shape, path, r.theta, &r, r.has_theta);
       check(r.has_theta, "{}: rope_parameters has no rope_theta", path);
+      r.theta_swa = r.theta;
     }
   }
   if (!j.contains("rope_parameters")) r.theta_swa = r.theta;
@@ -325,6 +342,28 @@ HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
 }
 
 namespace {
+// gpt-oss's config.json: layer_types (else even layers sliding), the SwiGLU constants.
+void read_hf_gpt_oss(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
+  set_gpt_oss(c);
+  c.n_ff_exp = c.n_ff;
+  c.attn_bias = c.attn_out_bias = j.value("attention_bias", true);
+  c.swiglu_alpha = float(rope_number(j, "swiglu_alpha", 1.702, path));
+  c.swiglu_limit = float(rope_number(j, "swiglu_limit", 7.0, path));
+  check(c.swiglu_limit > 0, "{}: swiglu_limit must be positive", path);
+  c.sliding_window = json_int_or(j, "sliding_window", 0, path);
+  const auto& types = j.value("layer_types", nlohmann::json());
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    bool swa = il % 2 == 0;
+    if (types.is_array()) {
+      check(int64_t(types.size()) == c.n_layer, "{}: layer_types has {} entries for {} layers", path, types.size(), c.n_layer);
+      const auto& t = types[size_t(il)];
+      check(t == "sliding_attention" || t == "full_attention", "{}: unknown layer type {}", path, t.dump());
+      swa = t == "sliding_attention";
+    }
+    c.layer_is_swa[il] = swa && c.sliding_window > 0;
+  }
+}
+
 // YaRN and LongRoPE of config.json (the llama3 divisors become the rope_freqs the weights carry).
 void apply_hf_rope_scaling(const HfRope& r, ModelConfig& c) {
   c.rope_orig_ctx = r.orig_ctx;
@@ -405,9 +444,9 @@ ModelConfig config_from_hf(const std::string& path) {
     const std::string type = j.value("model_type", "");
     static const std::map<std::string, std::string> archs = {{"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
         {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}, {"mixtral", "llama"},
-        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
+        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}, {"gpt_oss", "gpt-oss"}};
     const auto arch = archs.find(type);
-    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text, phi3)", path, type);
+    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text, phi3, gpt_oss)", path, type);
     c.arch = arch->second;
     c.n_embd = json_int(j, "hidden_size", path);
     c.n_layer = json_int(j, "num_hidden_layers", path);
@@ -446,6 +485,7 @@ ModelConfig config_from_hf(const std::string& path) {
     c.sliding_window = json_int_or(j, "sliding_window", 0, path);
     for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
   }
+  if (c.arch == "gpt-oss") read_hf_gpt_oss(j, path, c);
   c.validate(path);
   return c;
 }

@@ -57,6 +57,12 @@ struct ModelConfig {
   float attn_softcap = 0.0f;   // > 0: attention scores soft-capped, cap * tanh(s / cap) (Gemma 2)
   float final_softcap = 0.0f;  // > 0: the same on the output logits (Gemma 2)
   bool norm_plus_one = false;  // Hugging Face Gemma checkpoints store RMSNorm weights as w - 1
+  // gpt-oss: an output-projection bias, a learned sink logit per head in every softmax (attn_sinks),
+  // router and expert biases, and experts' SwiGLU in OpenAI's form:
+  //   g = min(gate, limit), u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g).
+  bool attn_out_bias = false, attn_sinks = false, moe_biases = false;
+  bool swiglu_oai = false;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
 
   // Mixture of experts: layers with layer_is_moe[il] route each token to n_expert_used of n_expert
   // experts (SwiGLU FFNs of width n_ff_exp) by a softmax over the router's logits; the chosen

@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/gpt_oss.h"
 #include "model/model.h"
 #include "tokenizer/load.h"
 
@@ -56,7 +57,15 @@ std::string hf_name(const std::string& gguf_name, const std::string& arch) {
       {std::regex(R"(blk\.(\d+)\.attn_qkv\.(\w+))"), "model.layers.$1.self_attn.qkv_proj.$2"},
       {std::regex(R"(blk\.(\d+)\.ffn_up\.(\w+))"), "model.layers.$1.mlp.gate_up_proj.$2"},
   };
-  const RenameRules* own = arch == "phi3" ? &phi3 : arch == "gemma2" || arch == "gemma3" ? &gemma : nullptr;
+  static const RenameRules gpt_oss = {
+      {std::regex(R"(blk\.(\d+)\.post_attention_norm\.(\w+))"), "model.layers.$1.post_attention_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_sinks\.weight)"), "model.layers.$1.self_attn.sinks"},
+      {std::regex(R"(blk\.(\d+)\.ffn_gate_inp\.(\w+))"), "model.layers.$1.mlp.router.$2"},
+  };
+  const RenameRules* own = arch == "phi3"                          ? &phi3
+                           : arch == "gemma2" || arch == "gemma3" ? &gemma
+                           : arch == "gpt-oss"                     ? &gpt_oss
+                                                                   : nullptr;
   if (own)
     if (std::string name = rename(*own, gguf_name); !name.empty()) return name;
   static const RenameRules rules = {
@@ -106,6 +115,8 @@ class SafetensorsModel : public Model {
     config_ = config_from_hf((dir / "config.json").string());
     set_shard(config_, options);
     auto lookup = [this](const std::string& n) -> const TensorRef* {
+      if (config_.arch == "gpt-oss")
+        if (const TensorRef* t = gpt_oss_.find(n)) return t;
       const std::string name = hf_name(n, config_.arch);
       if (name.empty()) return nullptr;
       const TensorRef* t = file_.find_tensor(name);
@@ -127,6 +138,7 @@ class SafetensorsModel : public Model {
 
  private:
   SafetensorsFile file_;
+  GptOssExperts gpt_oss_{[this](const std::string& n) { return file_.find_tensor(n); }};
 };
 
 std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& options) {

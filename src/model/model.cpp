@@ -282,11 +282,14 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
     const KvSpan keys{batch.block_tables[group][batch.seq_ids[t]], batch.block_size_of(batch.seq_ids[t]), first, pos};
     queries[t] = {q.data() + t * q_dim, keys, attn.data() + t * q_dim};
   }
-  cpu::attention_batch({int(n_head), int(n_head_kv), int(c.d_head), c.attn_scale, c.attn_softcap}, queries, kv.view(il));
+  const AttentionShape shape{int(n_head), int(n_head_kv), int(c.d_head), c.attn_scale, c.attn_softcap,
+                             L.sinks.empty() ? nullptr : L.sinks.data()};
+  cpu::attention_batch(shape, queries, kv.view(il));
   std::vector<float> o(n_tok * c.n_embd);
   observe(il, {"attn_output"}, attn.data(), n_tok, q_dim);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
   apply_lora(il, LoraTarget::O, batch, attn.data(), q_dim, o.data());
+  add_bias(o.data(), L.bo, n_tok);  // gpt-oss (never split: MoE models refuse --tp)
   if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);  // row-parallel: partial sums
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
   add_rows(x.data(), o.data(), n_tok, c.n_embd);

@@ -18,24 +18,40 @@ std::vector<std::vector<int64_t>> entries_by_expert(const MoeRouting& r, int64_t
   return by;
 }
 
-// One expert's SwiGLU over the rows of x [m][n_embd]: y [m][n_embd].
-void expert_ffn(const WeightMatrix& gate_w, const WeightMatrix& up_w, const WeightMatrix& down_w, const float* x,
-                int64_t m, float* y) {
+// Per-expert biases (gpt-oss): null pointers where there are none.
+struct ExpertBias {
+  const float *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+
+void add_row_bias(float* y, const float* b, int64_t m, int64_t n) {
+  if (!b) return;
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+}
+
+// One expert's SwiGLU over the rows of x [m][n_embd]: y [m][n_embd]. gpt-oss: biases after each
+// product and OpenAI's clamped SwiGLU (ModelConfig::swiglu_oai).
+void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMatrix& up_w, const WeightMatrix& down_w,
+                const float* x, int64_t m, float* y, ExpertBias bias = {}) {
   const int64_t n_ff = gate_w.rows;
   std::vector<float> gate(size_t(m * n_ff)), up(size_t(m * n_ff));
   const cpu::MatmulOut gate_up[] = {{&gate_w, gate.data()}, {&up_w, up.data()}};
   cpu::matmul_many(gate_up, x, m);
+  add_row_bias(gate.data(), bias.gate, m, n_ff);
+  add_row_bias(up.data(), bias.up, m, n_ff);
   parallel_for(m, [&](int64_t t) {
     float* g = gate.data() + t * n_ff;
-    cpu::glu(cpu::GluKind::Silu, g, up.data() + t * n_ff, g, n_ff);
+    if (c.swiglu_oai) cpu::glu_oai(g, up.data() + t * n_ff, g, n_ff, c.swiglu_alpha, c.swiglu_limit);
+    else cpu::glu(cpu::GluKind::Silu, g, up.data() + t * n_ff, g, n_ff);
   });
   cpu::matmul(down_w, gate.data(), y, m);
+  add_row_bias(y, bias.down, m, down_w.rows);
 }
 
 // out[t] += sigmoid(gate . h[t]) * SwiGLU_shared(h[t]) (Qwen2-MoE's shared expert).
 void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out) {
   std::vector<float> y(size_t(n_tok * c.n_embd));
-  expert_ffn(L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data());
+  expert_ffn(c, L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data());
   parallel_for(n_tok, [&](int64_t t) {
     const float g = 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
     float* o = out + t * c.n_embd;
@@ -75,6 +91,7 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
   const int64_t d = c.n_embd;
   std::vector<float> logits(size_t(n_tok * c.n_expert));
   cpu::matmul(L.router, h, logits.data(), n_tok);
+  add_row_bias(logits.data(), L.router_b.empty() ? nullptr : L.router_b.data(), n_tok, c.n_expert);
   const MoeRouting r = route_tokens(c, logits.data(), n_tok);
   // ys[t * k + j]: the output of token t's j-th expert, unweighted.
   std::vector<float> ys(size_t(n_tok * r.k * d));
@@ -93,7 +110,10 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
     const int64_t m = int64_t(entries.size());
     std::vector<float> x(size_t(m * d)), y(size_t(m * d));
     for (int64_t i = 0; i < m; ++i) std::copy_n(h + entries[size_t(i)] / r.k * d, d, x.begin() + i * d);
-    expert_ffn(L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data());
+    ExpertBias bias;
+    if (!L.exp_gate_b.empty())
+      bias = {L.exp_gate_b.data() + e * c.n_ff_exp, L.exp_up_b.data() + e * c.n_ff_exp, L.exp_down_b.data() + e * d};
+    expert_ffn(c, L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data(), bias);
     for (int64_t i = 0; i < m; ++i) std::copy_n(y.begin() + i * d, d, ys.begin() + entries[size_t(i)] * d);
   };
   // Decode and small batches: each expert's few rows are matrix-vector products, so the experts run

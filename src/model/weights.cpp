@@ -33,6 +33,16 @@ class Binder {
     return {t->type, rows, cols, t->data, row_bytes(t->type, cols)};
   }
 
+  // A [n_rows, n] tensor (GGUF ne {n, n_rows}) as floats, row after row.
+  std::vector<float> rows(const std::string& name, int64_t n, int64_t n_rows) {
+    const TensorRef* t = find(name, true);
+    expect_shape(*t, {uint64_t(n), uint64_t(n_rows)});
+    bytes_ += t->nbytes;
+    std::vector<float> out(size_t(n * n_rows));
+    for (int64_t r = 0; r < n_rows; ++r) dequantize_row(t->type, t->data + r * row_bytes(t->type, n), out.data() + r * n, n);
+    return out;
+  }
+
   std::vector<float> vector(const std::string& name, int64_t n, bool required = true) {
     const TensorRef* t = find(name, required);
     if (!t) return {};
@@ -109,6 +119,12 @@ std::vector<float> slice(const std::vector<float>& v, int64_t begin, int64_t end
 // A mixture-of-experts layer's router, experts and shared expert (never split: --tp is refused).
 void bind_moe(const ModelConfig& c, Binder& b, const std::string& p, LayerWeights& L) {
   L.router = b.matrix(p + "ffn_gate_inp.weight", c.n_expert, c.n_embd);
+  if (c.moe_biases) {  // GGUF [n, n_expert]: read as n_expert rows of n
+    L.router_b = b.vector(p + "ffn_gate_inp.bias", c.n_expert);
+    L.exp_gate_b = b.rows(p + "ffn_gate_exps.bias", c.n_ff_exp, c.n_expert);
+    L.exp_up_b = b.rows(p + "ffn_up_exps.bias", c.n_ff_exp, c.n_expert);
+    L.exp_down_b = b.rows(p + "ffn_down_exps.bias", c.n_embd, c.n_expert);
+  }
   L.exp_gate = expert_matrices(b, p + "ffn_gate_exps.weight", p + "ffn_gate.{}.weight", c.n_expert, c.n_ff_exp, c.n_embd);
   L.exp_up = expert_matrices(b, p + "ffn_up_exps.weight", p + "ffn_up.{}.weight", c.n_expert, c.n_ff_exp, c.n_embd);
   L.exp_down = expert_matrices(b, p + "ffn_down_exps.weight", p + "ffn_down.{}.weight", c.n_expert, c.n_embd, c.n_ff_exp);
@@ -144,6 +160,8 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   L.bq = slice(b.vector(p + "attn_q.bias", c.q_dim(), bias_required), q0, q1);
   L.bk = slice(b.vector(p + "attn_k.bias", c.kv_dim(), bias_required), k0, k1);
   L.bv = slice(b.vector(p + "attn_v.bias", c.kv_dim(), bias_required), k0, k1);
+  if (c.attn_out_bias) L.bo = b.vector(p + "attn_output.bias", c.n_embd);
+  if (c.attn_sinks) L.sinks = b.vector(p + "attn_sinks.weight", c.n_head);
   if (c.qk_norm) {
     L.q_norm = b.vector(p + "attn_q_norm.weight", c.qk_norm_whole ? c.q_dim() : c.d_head);
     L.k_norm = b.vector(p + "attn_k_norm.weight", c.qk_norm_whole ? c.kv_dim() : c.d_head);
@@ -152,7 +170,8 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
     L.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.n_embd);
     L.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.n_embd);
   }
-  L.ffn_norm = b.vector(p + "ffn_norm.weight", c.n_embd);
+  // gpt-oss's GGUF names the pre-FFN norm after Hugging Face's post_attention_layernorm.
+  L.ffn_norm = b.vector(p + (c.arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"), c.n_embd);
   if (!c.layer_is_moe.empty() && c.layer_is_moe[il]) return bind_moe(c, b, p, L);
   L.w_down = b.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
   const auto [f0, f1] = split ? ffn_share(c.n_ff, int64_t(dtype_info(L.w_down.type).block_elems), s.tp, s.tp_rank)

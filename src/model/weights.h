@@ -17,6 +17,8 @@ struct LayerWeights {
   std::vector<float> attn_norm;       // [n_embd]
   WeightMatrix wq, wk, wv, wo;        // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim]
   std::vector<float> bq, bk, bv;      // optional biases (Qwen2)
+  std::vector<float> bo;              // [n_embd] output-projection bias (gpt-oss)
+  std::vector<float> sinks;           // [n_head] attention sink logits (gpt-oss)
   std::vector<float> q_norm, k_norm;  // [d_head] (Gemma 3)
   std::vector<float> post_attn_norm;  // [n_embd] (Gemma 3)
   std::vector<float> ffn_norm;        // [n_embd]
@@ -27,6 +29,8 @@ struct LayerWeights {
   std::vector<WeightMatrix> exp_gate, exp_up, exp_down;  // per expert: [n_ff_exp, n_embd] x2, [n_embd, n_ff_exp]
   WeightMatrix sh_gate, sh_up, sh_down;                  // shared expert (n_ff_shexp > 0)
   std::vector<float> sh_router;                          // [n_embd]: the shared expert's sigmoid gate
+  std::vector<float> router_b;                           // [n_expert] router bias (gpt-oss)
+  std::vector<float> exp_gate_b, exp_up_b, exp_down_b;   // [n_expert][n_ff_exp] x2, [n_expert][n_embd] (gpt-oss)
 };
 
 struct ModelWeights {

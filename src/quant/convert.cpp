@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
 #include "model/config.h"
+#include "model/gpt_oss.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 #include "tokenizer/load.h"
@@ -80,14 +81,14 @@ std::string arch_of(const json& config, const std::string& path) {
   static const std::map<std::string, std::string> known = {
       {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"}, {"Phi3ForCausalLM", "phi3"}, {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
-      {"OlmoeForCausalLM", "olmoe"}, {"MixtralForCausalLM", "llama"},
+      {"OlmoeForCausalLM", "olmoe"}, {"MixtralForCausalLM", "llama"}, {"GptOssForCausalLM", "gpt-oss"},
       {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
   check(a.is_array() && !a.empty() && a[0].is_string(), "{}: no 'architectures' list", path);
   const auto it = known.find(a[0].get<std::string>());
   check(it != known.end(),
         "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
+        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
@@ -211,7 +212,7 @@ void add_moe_hparams(GgufWriter& w, const std::string& a, const json& c, const s
   if (has_number(c, "shared_expert_intermediate_size") && c["shared_expert_intermediate_size"].get<int64_t>() > 0)
     w.add_u32(a + ".expert_shared_feed_forward_length", hp_u32(c, "shared_expert_intermediate_size", path));
   // Mixtral (written as llama) takes the softmax of the chosen logits: renormalized.
-  w.add_value(a + ".expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", a == "llama")});
+  w.add_value(a + ".expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", a == "llama" || a == "gpt-oss")});
 }
 
 // GGUF has no per-layer list of sliding-window layers: Gemma 2's alternate from layer 0 and Gemma 3's
@@ -240,6 +241,21 @@ void add_gemma2_hparams(GgufWriter& w, const json& c, const std::string& path) {
     w.add_f32("gemma2.attention.scale", float(1.0 / std::sqrt(c["query_pre_attn_scalar"].get<double>())));
   }
   add_rope_scaling(w, "gemma2", c, path);
+}
+
+// GptOssModel's keys beyond the common ones: the experts' width (intermediate_size), the window, the
+// YaRN set; Serval's own keys for SwiGLU constants other than OpenAI's 1.702 and 7 (llama.cpp fixes them).
+void add_gpt_oss_hparams(GgufWriter& w, const json& c, const std::string& path) {
+  w.add_u32("gpt-oss.expert_feed_forward_length", hp_u32(c, "intermediate_size", path));
+  if (has_number(c, "sliding_window")) w.add_u32("gpt-oss.attention.sliding_window", hp_u32(c, "sliding_window", path));
+  if (c.contains("layer_types") && c["layer_types"].is_array())
+    for (size_t il = 0; il < c["layer_types"].size(); ++il)
+      check(c["layer_types"][il] == (il % 2 == 0 ? "sliding_attention" : "full_attention"),
+            "{}: layer {} is {}, but GGUF's gpt-oss alternates sliding and full layers from layer 0", path, il, c["layer_types"][il].dump());
+  if (has_number(c, "swiglu_limit") && c["swiglu_limit"].get<double>() != 7.0) w.add_f32("serval.swiglu_limit", c["swiglu_limit"].get<float>());
+  if (has_number(c, "swiglu_alpha") && std::abs(c["swiglu_alpha"].get<double>() - 1.702) > 1e-9)
+    w.add_f32("serval.swiglu_alpha", c["swiglu_alpha"].get<float>());
+  add_rope_scaling(w, "gpt-oss", c, path);
 }
 
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
@@ -285,6 +301,8 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     add_rope_scaling(w, arch, c, path);
   } else if (arch == "gemma2") {
     add_gemma2_hparams(w, c, path);
+  } else if (arch == "gpt-oss") {
+    add_gpt_oss_hparams(w, c, path);
   }
 }
 
@@ -517,11 +535,23 @@ std::pair<std::string, int64_t> expert_tensor(const std::string& hf) {
 
 // The tensors of the checkpoint under their GGUF names, in the checkpoint's (sorted) order; a layer's
 // experts become one stacked tensor where its first expert stood.
-std::vector<Mapped> mapped_tensors(const ArchInfo& a, const Checkpoint& c) {
+std::vector<Mapped> mapped_tensors(const ArchInfo& a, const Checkpoint& c, GptOssExperts& gpt_oss) {
   std::vector<Mapped> out;
   std::map<std::string, std::map<int64_t, const TensorRef*>> experts;
   for (const auto& [hf, t] : c.tensors) {
     if (hf.ends_with(".rotary_emb.inv_freq")) continue;
+    if (a.arch == "gpt-oss" && GptOssExperts::is_source(hf)) {  // made in llama.cpp's layout below
+      const std::string layer = hf.substr(0, hf.find(".mlp."));
+      const std::string blk = "blk." + layer.substr(layer.rfind('.') + 1) + ".";
+      const bool down = hf.find("down_proj") != std::string::npos, bias = hf.ends_with("_bias");
+      for (const char* kind : down ? std::vector<const char*>{"down"} : std::vector<const char*>{"gate", "up"}) {
+        const std::string name = blk + "ffn_" + kind + "_exps." + (bias ? "bias" : "weight");
+        const TensorRef* made = gpt_oss.find(name);
+        check(made != nullptr, "internal: gpt-oss tensor {}", name);
+        out.push_back({name, {made}, made->ne});
+      }
+      continue;
+    }
     if (const auto [stacked, e] = expert_tensor(hf); e >= 0) {
       check(experts[stacked].emplace(e, t).second, "expert {} of '{}' appears twice", e, stacked);
       if (experts[stacked].size() == 1) out.push_back({stacked, {}, {}});
@@ -615,7 +645,9 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
       {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_expert.up_proj", "ffn_up_shexp"},
       {"mlp.shared_expert.down_proj", "ffn_down_shexp"}, {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"}};
   static const std::regex re(R"((model\.layers\.(\d+)\.)?(.+)\.(weight|bias))");
+  static const std::regex sinks(R"(model\.layers\.(\d+)\.self_attn\.sinks)");
   std::smatch m;
+  if (arch == "gpt-oss" && std::regex_match(hf, m, sinks)) return "blk." + m[1].str() + ".attn_sinks.weight";
   if (!std::regex_match(hf, m, re)) return "";
   const std::string base = m[3], suffix = "." + m[4].str();
   if (!m[1].matched) {
@@ -624,7 +656,8 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
   }
   std::string name;
   const bool gemma = arch == "gemma3" || arch == "gemma2";
-  if (base == "post_attention_layernorm") name = gemma ? "post_attention_norm" : "ffn_norm";
+  if (base == "post_attention_layernorm") name = gemma || arch == "gpt-oss" ? "post_attention_norm" : "ffn_norm";
+  else if (base == "mlp.router" && arch == "gpt-oss") name = "ffn_gate_inp";
   else if (const auto it = layer.find(base); it != layer.end()) name = it->second;
   const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || arch == "olmoe";
   if (name.empty() || (!gemma && name == "post_ffw_norm") ||
@@ -670,7 +703,11 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
     fail("{}: missing or mistyped field: {}", config_path, e.what());
   }
   const Checkpoint ckpt = open_checkpoint(dir);
-  const auto tensors = mapped_tensors(a, ckpt);
+  GptOssExperts gpt_oss([&ckpt](const std::string& n) -> const TensorRef* {
+    const auto it = ckpt.tensors.find(n);
+    return it == ckpt.tensors.end() ? nullptr : it->second;
+  });
+  const auto tensors = mapped_tensors(a, ckpt, gpt_oss);
   check_shapes(config, a.arch, tensors);
   GgufWriter w;
   add_general(w, a.arch, dir);

@@ -96,8 +96,10 @@ EXPECTED_KEYS = {
     "qwen3_yarn": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 256,
                    "rope.scaling.yarn_beta_fast": 16.0},
     "llama3_rope": {},
+    "gpt_oss": {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32, "expert_weights_norm": True,
+                "attention.sliding_window": 6, "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0},
 }
-GGUF_ARCH = {"mixtral": "llama", "phi3_longrope": "phi3", "qwen3_yarn": "qwen3", "llama3_rope": "llama"}  # the file's own arch
+GGUF_ARCH = {"mixtral": "llama", "phi3_longrope": "phi3", "qwen3_yarn": "qwen3", "llama3_rope": "llama", "gpt_oss": "gpt-oss"}  # the file's own arch
 ROPE_TENSORS = {"phi3_longrope": ["rope_factors_long.weight", "rope_factors_short.weight"], "llama3_rope": ["rope_freqs.weight"]}
 
 
@@ -135,6 +137,13 @@ def test_gguf_package_reads_what_convert_writes(arch, converted):
         assert shapes["blk.0.ffn_up_exps.weight"] == [e, ff, n]
         assert shapes["blk.0.ffn_down_exps.weight"] == [ff, e, n]
         assert {t.name: t.tensor_type.name for t in r.tensors}["blk.0.ffn_gate_inp.weight"] == "F32"
+    if arch == "gpt_oss":  # llama.cpp's names: sinks per head, biases per expert, the pre-FFN norm
+        n, ff = cfg["num_local_experts"], cfg["intermediate_size"]
+        assert shapes["blk.0.attn_sinks.weight"] == [heads]
+        assert shapes["blk.0.attn_output.bias"] == [e] and shapes["blk.0.ffn_gate_inp.bias"] == [n]
+        assert shapes["blk.0.ffn_gate_exps.bias"] == [ff, n] and shapes["blk.0.ffn_down_exps.bias"] == [e, n]
+        assert shapes["blk.0.post_attention_norm.weight"] == [e] and "blk.0.ffn_norm.weight" not in shapes
+        assert r.fields["serval.swiglu_limit"].contents() == 1.5
     if arch == "qwen2moe":
         assert shapes["blk.0.ffn_gate_inp_shexp.weight"] == [e]
         assert shapes["blk.0.ffn_gate_shexp.weight"] == [e, cfg["shared_expert_intermediate_size"]]

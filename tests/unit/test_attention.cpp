@@ -146,7 +146,8 @@ Expected expected(const AttentionShape& s, const float* q, KvLayerView kv, const
       B = std::max(B, mag * s.scale);
       mx = std::max(mx, sc[j]);
     }
-    double sum = 0;
+    if (s.sinks) mx = std::max(mx, double(s.sinks[h]));
+    double sum = s.sinks ? std::exp(double(s.sinks[h]) - mx) : 0.0;
     for (int64_t j = 0; j < n; ++j) sum += (w[j] = std::exp(sc[j] - mx));
     for (auto& x : w) x /= sum;
     // Soft-capping adds the error of its tanh (through vexp and a division): a few units of the cap.
@@ -191,19 +192,24 @@ struct Case {
   DType type;
   int64_t window;         // 0: none
   float softcap = 0.0f;  // 0: none
+  bool sinks = false;    // gpt-oss's attention sinks, one random logit per head
 };
 
 std::string describe(const Case& c) {
   return "d_head " + std::to_string(c.d_head) + " group " + std::to_string(c.group) + " ctx " +
          std::to_string(c.n_ctx) + " block " + std::to_string(c.bs) + " " + std::string(dtype_info(c.type).name) +
-         " window " + std::to_string(c.window) + (c.softcap > 0 ? " softcap " + std::to_string(c.softcap) : "");
+         " window " + std::to_string(c.window) + (c.softcap > 0 ? " softcap " + std::to_string(c.softcap) : "") +
+         (c.sinks ? " sinks" : "");
 }
 
 // The last min(n_ctx, 10) positions of one sequence as one batched call (a prefill chunk: query
 // tiles), checked one by one against the reference; returns the outputs.
 std::vector<float> check_case(const Case& c, uint32_t seed) {
   const int n_kv = 2, n_head = n_kv * c.group, D = c.d_head;
-  const AttentionShape s{n_head, n_kv, D, 1.0f / std::sqrt(float(D)), c.softcap};
+  AttentionShape s{n_head, n_kv, D, 1.0f / std::sqrt(float(D)), c.softcap};
+  std::vector<float> sinks = test::random_floats(size_t(n_head), seed + 3);  // [-1, 1): scaled to [-3, 3)
+  for (float& x : sinks) x *= 3;
+  if (c.sinks) s.sinks = sinks.data();
   const int64_t n_q = std::min<int64_t>(c.n_ctx, 10);
   const int64_t p0 = c.n_ctx - n_q;
   auto first_of = [&](int64_t p) { return c.window ? std::max<int64_t>(0, p - c.window + 1) : 0; };
@@ -301,6 +307,30 @@ TEST_P(AttentionLevel, SoftcapMatchesReferenceAndPortableLevel) {
     ++seed;
     ASSERT_EQ(std::memcmp(mine.data(), scalar.data(), mine.size() * sizeof(float)), 0) << describe(c);
   }
+}
+
+// gpt-oss's attention sinks (a learned logit per head in the softmax's denominator): against the
+// reference, different from no sinks, and bitwise across levels, over GQA groups, windows and caches.
+TEST_P(AttentionLevel, SinksMatchReferenceAndPortableLevel) {
+  uint32_t seed = 1300;
+  for (int d_head : {64, 72})
+    for (int group : {1, 8})
+      for (int64_t n_ctx : {1, 17, 300})
+        for (DType type : {DType::F16, DType::F32, DType::Q8_0}) {
+          if (type == DType::Q8_0 && d_head % 32 != 0) continue;
+          const Case c{d_head, group, n_ctx, 16, type, n_ctx > 200 ? 128 : 0, 0.0f, true};
+          const auto mine = check_case(c, seed);
+          Case plain_case = c;
+          plain_case.sinks = false;
+          const auto plain = check_case(plain_case, seed);
+          if (HasFailure()) return;
+          ASSERT_NE(std::memcmp(mine.data(), plain.data(), mine.size() * sizeof(float)), 0) << describe(c);
+          cpu::force_isa(Isa::Scalar);
+          const auto scalar = check_case(c, seed);
+          cpu::force_isa(GetParam());
+          ++seed;
+          ASSERT_EQ(std::memcmp(mine.data(), scalar.data(), mine.size() * sizeof(float)), 0) << describe(c);
+        }
 }
 
 // Each level converts FP8 rows with its own vectors (the F16 trick, attention_avx2/512.cpp): every one

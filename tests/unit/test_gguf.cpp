@@ -347,6 +347,8 @@ TEST(HfConfig, RopeParametersOfTransformers5) {
   EXPECT_EQ(load("").rope_base, 10000.0f);  // neither spelling: transformers' own default
   EXPECT_EQ(load(R"(,"rope_theta":1000000.0)").rope_base, 1e6f);
   EXPECT_EQ(load(R"(,"rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"})").rope_base, 1e6f);
+  // One set is every layer's, sliding-window layers included (gpt-oss's 150000).
+  EXPECT_EQ(load(R"(,"rope_parameters":{"rope_theta":150000.0,"rope_type":"default"})").rope_base_swa, 1.5e5f);
   const auto linear = load(R"(,"rope_parameters":{"rope_theta":500000.0,"rope_type":"linear","factor":4.0})");
   EXPECT_EQ(linear.rope_base, 5e5f);
   EXPECT_EQ(linear.rope_linear_scale, 4.0f);

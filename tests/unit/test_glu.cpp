@@ -10,6 +10,7 @@
 // (and x e^z) in the subnormal range, where relative error is meaningless.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -104,6 +105,31 @@ TEST_P(GluLevel, WithinBoundOfExactFormula) {
     std::printf("%-7s %s: worst relative error %.2f u over %zu gates\n", cpu::isa_name(GetParam()),
                 k == GluKind::Silu ? "silu" : "gelu", worst, gate.size());
   }
+}
+
+// gpt-oss's clamped SwiGLU against its formula in double, with the clamps on both sides of the limit:
+// SiLU's bound, plus the two roundings of the argument and of (u + 1) / alpha (each u, moving the
+// result by at most (1 + |alpha g|) u and u of it).
+TEST_P(GluLevel, OpenAiSwigluWithinBoundOfFormula) {
+  const float alpha = 1.702f, limit = 7.0f;
+  std::vector<float> gate, up;
+  for (double x = -12; x <= 12; x += 0.0173)
+    for (float u : {-9.0f, -7.0f, -1.0f, -0.25f, 0.0f, 0.5f, 6.9f, 8.0f}) gate.push_back(float(x)), up.push_back(u);
+  std::vector<float> out(gate.size());
+  cpu::glu_oai(gate.data(), up.data(), out.data(), int64_t(gate.size()), alpha, limit);
+  int failures = 0;
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = std::min(double(gate[i]), double(limit)), u = std::clamp(double(up[i]), -double(limit), double(limit));
+    const double exact = (u + 1) * g / (1 + std::exp(-double(alpha) * g));
+    const double tol = (14 + std::abs(double(alpha) * g)) * kU * std::abs(exact) + 1e-30;
+    if (!(std::abs(double(out[i]) - exact) <= tol) && ++failures <= 10)
+      ADD_FAILURE() << "gate " << gate[i] << " up " << up[i] << ": got " << out[i] << ", exact " << exact;
+  }
+  EXPECT_EQ(failures, 0);
+  // In place, as the expert FFN calls it.
+  std::vector<float> in_place = gate;
+  cpu::glu_oai(in_place.data(), up.data(), in_place.data(), int64_t(gate.size()), alpha, limit);
+  EXPECT_EQ(in_place, out);
 }
 
 // Signed zeros, infinities and NaN: act(+-0) = +-0, act(+inf) = +inf, act(-inf) = -0 (the limit),

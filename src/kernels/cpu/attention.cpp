@@ -252,7 +252,7 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
   auto args = [&](const Tile& t, int kv_head) {
     const AttentionQuery& q0 = queries[t.begin];
     TileArgs a;
-    a.n_q = t.n, a.group = group, a.d_head = s.d_head, a.scale = s.scale, a.softcap = s.softcap, a.half = kv.type != DType::F32;
+    a.n_q = t.n, a.group = group, a.d_head = s.d_head, a.scale = s.scale, a.softcap = s.softcap, a.sinks = s.sinks, a.half = kv.type != DType::F32;
     a.kv_head = kv_head;
     a.kind = kind, a.dequant = dequant_fn(kv.type);
     a.head_scale = kv.type == DType::F8_E4M3 && kv.head_scale ? kv.head_scale[kv_head] : 1.0f;
@@ -348,7 +348,7 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
 void attention_dense(const AttentionShape& s, const float* q, const float* k, const float* v, std::span<const RowSpan> spans,
                      float* out) {
   check(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.d_head > 0, "attention: bad head shape");
-  check(s.softcap == 0.0f, "attention_dense: soft-capping is not implemented for encoders");
+  check(s.softcap == 0.0f && !s.sinks, "attention_dense: soft-capping and sinks are not implemented for encoders");
   const int64_t q_stride = int64_t(s.n_head) * s.d_head, kv_stride = int64_t(s.n_head_kv) * s.d_head;
   const int group = s.n_head / s.n_head_kv;
   parallel_for(int64_t(spans.size()) * s.n_head, [&](int64_t task) {

@@ -37,6 +37,7 @@ struct TileArgs {
   int d_head = 0;
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap * tanh(score / softcap)
+  const float* sinks = nullptr;  // per query head (all n_head): a score without a value; null: none
   bool half = false;  // F16 rounding points (the query, the normalised weights): every cache but F32
   int kv_head = 0;
   // The cache's rows: F32 is read in place; F16 and F8_E4M3 (times `head_scale`) converted by the

@@ -413,8 +413,30 @@ void merged_stats(const Layout& L, float* sc, const TileArgs& a) {
   for (int64_t c = a.c_begin; c < a.c_end; ++c) stats_merge<V>(run, a.partial + (c - a.c_begin) * L.state, sc, L, c);
 }
 
+// Attention sinks: each row's sink joins its merged statistics as one more score (a state of m = sink,
+// l = 1 merged like a chunk's), so it adds exp(sink - M) to L and moves M if larger.
 template <class V>
-void inverse_sums(const Layout& L, float* sc) {
+void merge_sinks(const Layout& L, float* sc, const TileArgs& a) {
+  using T = typename V::T;
+  const int W = V::W;
+  float* r = sc + L.run;
+  alignas(64) float lanes[64];
+  for (int v = 0; v < L.nv; ++v) {
+    for (int lane = 0; lane < W; ++lane) {
+      const int row = v * W + lane;
+      lanes[lane] = row < L.rows ? a.sinks[a.kv_head * a.group + row % a.group] : kNegBig;
+    }
+    const T ms = V::load(lanes), m = V::load(r + v * W), l = V::load(r + (L.nv + v) * W);
+    const T mn = V::max(m, ms);
+    const T x = vexp<V>(V::sub(m, mn)), y = vexp<V>(V::sub(ms, mn));
+    V::store(r + v * W, mn);
+    V::store(r + (L.nv + v) * W, V::fma(V::set1(1.0f), y, V::mul(l, x)));
+  }
+}
+
+template <class V>
+void inverse_sums(const Layout& L, float* sc, const TileArgs& a) {
+  if (a.sinks) merge_sinks<V>(L, sc, a);
   for (int v = 0; v < L.nv; ++v)
     V::store(sc + L.inv + v * V::W, V::div(V::set1(1.0f), V::load(sc + L.run + (L.nv + v) * V::W)));
 }
@@ -473,7 +495,7 @@ void run_tile(const TileArgs& a) {
         chunk<V, false>(L, sc, a, c, ulo, uhi);
         stats_merge<V>(run, st, sc, L, c);
       }
-      inverse_sums<V>(L, sc);
+      inverse_sums<V>(L, sc, a);
       acc_reset<V>(run, L);
       for (int64_t c = a.c_begin; c < a.c_end; ++c) {
         acc_reset<V>(st, L);
@@ -489,7 +511,7 @@ void run_tile(const TileArgs& a) {
       break;
     case Mode::Values:
       merged_stats<V>(L, sc, a);
-      inverse_sums<V>(L, sc);
+      inverse_sums<V>(L, sc, a);
       acc_reset<V>(st, L);
       chunk<V, true>(L, sc, a, a.chunk, ulo, uhi);
       std::memcpy(acc_of(a.partial + (a.chunk - a.c_begin) * L.state, L), acc_of(st, L),

@@ -1,6 +1,8 @@
 // cpu::glu (ops.h): the one dispatch by ISA level, and the scalar level (evaluated in double with
 // std::exp, then rounded: the reference the SIMD levels are measured against).
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <limits>
 
 #include "kernels/cpu/glu_levels.h"
@@ -47,6 +49,16 @@ void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n
 #endif
     default: return glu_scalar(kind, gate, up, out, n);
   }
+}
+
+void glu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
+  thread_local std::vector<float> g, u;
+  g.resize(size_t(n)), u.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    g[size_t(i)] = std::min(gate[i], limit) * alpha;
+    u[size_t(i)] = (std::clamp(up[i], -limit, limit) + 1.0f) / alpha;
+  }
+  glu(GluKind::Silu, g.data(), u.data(), out, n);
 }
 
 }  // namespace serval::cpu

@@ -36,7 +36,8 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
       if (s.softcap > 0) p[j] = s.softcap * std::tanh(p[j] / s.softcap);
       mx = std::max(mx, p[j]);
     }
-    double sum = 0;
+    if (s.sinks) mx = std::max(mx, double(s.sinks[h]));
+    double sum = s.sinks ? std::exp(double(s.sinks[h]) - mx) : 0.0;
     for (auto& x : p) sum += (x = std::exp(x - mx));
     std::vector<double> acc(s.d_head, 0.0);
     for (size_t j = 0; j < slots.size(); ++j) {

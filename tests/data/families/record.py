@@ -19,7 +19,7 @@ import pathlib
 import sys
 
 import torch
-from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+from transformers import (AutoTokenizer, GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -97,6 +97,20 @@ def scaled_families(vocab):
     }
 
 
+def gpt_oss_family(vocab):
+    """gpt-oss, recorded with a seed of its own: attention sinks, biases everywhere, 4 experts top 2
+    (softmax over the chosen logits), OpenAI's clamped SwiGLU (a limit of 1.5, so the clamps bind on
+    these random weights), alternating sliding-window layers (a window of 6) and YaRN (truncate false)."""
+    return {
+        "gpt_oss": GptOssForCausalLM(GptOssConfig(
+            vocab_size=vocab, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+            swiglu_limit=1.5, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})),
+    }
+
+
 def record(model, tok):
     rows = []
     with torch.no_grad():
@@ -133,7 +147,9 @@ def main():
     torch.manual_seed(41)
     tok = AutoTokenizer.from_pretrained(STORIES)
     reference = {}
-    only_scaled = "--scaled" in sys.argv  # re-record only the RoPE-scaling families, keeping the rest
+    # --group scaled|gpt_oss: re-record only that group, keeping the rest of reference.json
+    only = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else None
+    only_scaled = only is not None
     if only_scaled:
         reference = json.loads((HERE / "reference.json").read_text())
     for name, model in ({} if only_scaled else families(tok.vocab_size)).items():
@@ -147,9 +163,12 @@ def main():
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             (d / f).write_bytes((STORIES / f).read_bytes())
         reference[name] = record(model.float(), tok)
-    torch.manual_seed(42)
-    for name, model in scaled_families(tok.vocab_size).items():
-        save(name, model, tok, reference)
+    for group, (seed, make) in {"scaled": (42, scaled_families), "gpt_oss": (43, gpt_oss_family)}.items():
+        if only not in (None, group):
+            continue
+        torch.manual_seed(seed)
+        for name, model in make(tok.vocab_size).items():
+            save(name, model, tok, reference)
     (HERE / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
 
