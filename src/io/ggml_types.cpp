@@ -9,7 +9,7 @@
 namespace serval {
 namespace {
 
-constexpr std::array<DTypeInfo, 15> kTypes = {{
+constexpr std::array<DTypeInfo, 16> kTypes = {{
     {DType::F32, "F32", 1, 4},      {DType::F16, "F16", 1, 2},
     {DType::BF16, "BF16", 1, 2},    {DType::Q4_0, "Q4_0", 32, 18},
     {DType::Q4_1, "Q4_1", 32, 20},  {DType::Q5_0, "Q5_0", 32, 22},
@@ -17,7 +17,7 @@ constexpr std::array<DTypeInfo, 15> kTypes = {{
     {DType::Q2_K, "Q2_K", 256, 84}, {DType::Q3_K, "Q3_K", 256, 110},
     {DType::Q4_K, "Q4_K", 256, 144}, {DType::Q5_K, "Q5_K", 256, 176},
     {DType::Q6_K, "Q6_K", 256, 210}, {DType::IQ4_NL, "IQ4_NL", 32, 18},
-    {DType::F8_E4M3, "F8_E4M3", 1, 1},
+    {DType::MXFP4, "MXFP4", 32, 17}, {DType::F8_E4M3, "F8_E4M3", 1, 1},
 }};
 
 // Names of GGUF types that exist but that Serval does not implement, for clear errors.

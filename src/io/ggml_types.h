@@ -10,6 +10,7 @@ namespace serval {
 enum class DType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, BF16 = 30,
+  MXFP4 = 39,  // OCP microscaling FP4: an E8M0 power-of-two scale and 32 E2M1 values (gpt-oss's experts)
   // Serval's own, never read from or written to a GGUF file: FP8 E4M3FN (the KV cache's fp8_e4m3).
   F8_E4M3 = 1000,
 };

@@ -71,7 +71,7 @@ ActType act_type_for(DType t) {
     case DType::F32: return ActType::F32;
     case DType::F16: return ActType::F16;
     case DType::BF16: return ActType::BF16;
-    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: case DType::IQ4_NL: return ActType::Q8_0;
+    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: case DType::IQ4_NL: case DType::MXFP4: return ActType::Q8_0;
     case DType::Q4_1: case DType::Q5_1: return ActType::Q8_1;
     default: return ActType::Q8_K;
   }

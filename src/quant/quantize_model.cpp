@@ -33,12 +33,13 @@ constexpr KnownFileType kFileTypes[] = {
     {"Q3_K_M", 12, DType::Q3_K},  {"Q3_K_L", 13, DType::Q3_K},  {"Q4_K_S", 14, DType::Q4_K},
     {"Q4_K_M", 15, DType::Q4_K},  {"Q5_K_S", 16, DType::Q5_K},  {"Q5_K_M", 17, DType::Q5_K},
     {"Q6_K", 18, DType::Q6_K},    {"IQ4_NL", 25, DType::IQ4_NL}, {"BF16", 32, DType::BF16},
+    {"MXFP4_MOE", 38, DType::Q8_0},  // experts MXFP4, everything else Q8_0 (llama-quantize's MXFP4_MOE)
 };
 constexpr std::pair<const char*, const char*> kAliases[] = {{"Q3_K", "Q3_K_M"}, {"Q4_K", "Q4_K_M"}, {"Q5_K", "Q5_K_M"}};
 
 // llama_ftype numbers the mixture rules test.
 enum Ftype : uint32_t {
-  kQ40 = 2, kQ50 = 8, kQ2K = 10, kQ3KS = 11, kQ3KM = 12, kQ3KL = 13, kQ4KS = 14, kQ4KM = 15, kQ5KS = 16, kQ5KM = 17, kIQ4NL = 25,
+  kQ40 = 2, kQ50 = 8, kQ2K = 10, kQ3KS = 11, kQ3KM = 12, kQ3KL = 13, kQ4KS = 14, kQ4KM = 15, kQ5KS = 16, kQ5KM = 17, kIQ4NL = 25, kMXFP4MOE = 38,
 };
 
 std::string upper(std::string s) {
@@ -193,6 +194,7 @@ DType fallback(DType t, const std::string& name, int64_t cols) {
     case DType::Q4_K: f = DType::Q5_0; break;
     case DType::Q5_K: f = DType::Q5_1; break;
     case DType::Q6_K: f = DType::Q8_0; break;
+    case DType::MXFP4: f = DType::F16; break;
     default: fail("{}: rows of {} elements are not whole {} blocks", name, cols, dtype_info(t).name);
   }
   return cols % block_elems(f) == 0 ? f : DType::F16;
@@ -202,7 +204,9 @@ DType fallback(DType t, const std::string& name, int64_t cols) {
 DType tensor_type(Mixture& m, const TensorRef& t, DType def, const QuantizeOptions& o) {
   const std::string& name = t.name;
   DType to = def;
-  if (name == "output.weight" || (!m.has_output && name == "token_embd.weight")) {
+  if (m.ftype == kMXFP4MOE && contains(name, "_exps.weight")) {
+    to = DType::MXFP4;
+  } else if (name == "output.weight" || (!m.has_output && name == "token_embd.weight")) {
     to = o.output_tensor_type ? *o.output_tensor_type : output_type(t, def);
   } else if (name == "token_embd.weight") {
     if (o.token_embedding_type) to = *o.token_embedding_type;
@@ -239,11 +243,11 @@ DType parse_tensor_type(const std::string& text) {
   const std::string u = upper(text);
   static constexpr DType kTensorTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                                            DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::MXFP4};
   for (DType t : kTensorTypes)
     if (u == dtype_info(t).name) return t;
   fail("unknown or unsupported tensor type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, "
-       "q5_k, q6_k, iq4_nl)", text);
+       "q5_k, q6_k, iq4_nl, mxfp4)", text);
 }
 
 std::vector<TensorChoice> choose_types(const GgufFile& in, const FileType& ft, const QuantizeOptions& o) {

@@ -142,6 +142,16 @@ void pack_q6_k(uint8_t* b, const int8_t* v) {
 }
 
 // The index of the IQ4_NL level nearest to v (the lower one on a tie).
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// The MXFP4 code of value v (v one of the values; others: the nearest, the lower index on a tie).
+int mxfp4_index(int v) {
+  int best = 0;
+  for (int k = 1; k < 16; ++k)
+    if (std::abs(kMxfp4Values[k] - v) < std::abs(kMxfp4Values[best] - v)) best = k;
+  return best;
+}
+
 int iq4nl_index(int v) {
   int best = 0;
   for (int k = 1; k < 16; ++k)
@@ -195,9 +205,25 @@ void unpack_block32(DType type, const uint8_t* b, Block32& o) {
         o.q[j + 16] = kIq4nlLevels[b[2 + j] >> 4];
       }
       return;
+    case DType::MXFP4:
+      o.d = e8m0_half(b[0]);
+      for (int j = 0; j < 16; ++j) {
+        o.q[j] = kMxfp4Values[b[1 + j] & 0x0F];
+        o.q[j + 16] = kMxfp4Values[b[1 + j] >> 4];
+      }
+      return;
     default: fail("internal: {} is not a 32-element quantized type", dtype_info(type).name);
   }
 }
+
+float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t(0x00200000) << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+const int8_t* mxfp4_values() { return kMxfp4Values; }
 
 void unpack_block_k(DType type, const uint8_t* b, BlockK& o) {
   switch (type) {
@@ -238,6 +264,9 @@ void pack_codes32(DType type, uint8_t* b, const int8_t* q) {
     case DType::IQ4_NL:
       for (int j = 0; j < 16; ++j) b[2 + j] = uint8_t(iq4nl_index(q[j]) | (iq4nl_index(q[j + 16]) << 4));
       return;
+    case DType::MXFP4:
+      for (int j = 0; j < 16; ++j) b[1 + j] = uint8_t(mxfp4_index(q[j]) | (mxfp4_index(q[j + 16]) << 4));
+      return;
     default: fail("internal: {} is not a 32-element quantized type", dtype_info(type).name);
   }
 }
@@ -261,6 +290,7 @@ CodeRange code_range(DType type) {
     case DType::Q5_0: return {-16, 15};
     case DType::Q5_1: return {0, 31};
     case DType::IQ4_NL: return {-127, 113};
+    case DType::MXFP4: return {-12, 12};
     case DType::Q2_K: return {0, 3};
     case DType::Q3_K: return {-4, 3};
     case DType::Q4_K: return {0, 15};

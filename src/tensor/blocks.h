@@ -7,7 +7,8 @@
 
 namespace serval {
 
-// A 32-element block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): value i is d * q[i] + m.
+// A 32-element block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): value i is d * q[i] + m. MXFP4's q
+// are its E2M1 values doubled (0, +-1, +-2, +-3, +-4, +-6, +-8, +-12) and d = 2^(e - 128), half its scale.
 struct Block32 {
   int8_t q[32];  // signed for Q4_0 / Q5_0 / Q8_0 (offset removed) and IQ4_NL (its level), unsigned 0..31 for Q4_1 / Q5_1
   float d;
@@ -43,5 +44,9 @@ struct CodeRange {
 CodeRange code_range(DType type);
 // IQ4_NL's sixteen levels, ascending.
 const int8_t* iq4nl_levels();
+// MXFP4's sixteen codes as values (doubled E2M1: 0 1 2 3 4 6 8 12, then 0 and the negatives).
+const int8_t* mxfp4_values();
+// 2^(e - 128) for an E8M0 exponent byte, as ggml's ggml_e8m0_to_fp32_half.
+float e8m0_half(uint8_t e);
 
 }  // namespace serval

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "tensor/blocks.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize_k.h"
 
@@ -83,6 +84,29 @@ void block_affine(const float* x, uint8_t* out, int bits) {
 
 }  // namespace
 
+namespace {
+// ggml's quantize_row_mxfp4_ref: the exponent floor(log2(amax)) - 2 (so amax / d lies in [4, 8) of the
+// doubled values' 12), each value the nearest of the sixteen (the lower code on a tie). An amax below
+// 2^-125 takes the smallest exponent (0).
+void block_mxfp4(const float* x, uint8_t* out) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[i]));
+  const int e = amax > 0 ? int(std::floor(std::log2(amax))) - 2 + 127 : 0;
+  out[0] = uint8_t(std::clamp(e, 0, 255));
+  const float d = e8m0_half(out[0]);
+  const int8_t* kv = mxfp4_values();
+  auto best = [&](float v) {
+    int b = 0;
+    float err = std::abs(float(kv[0]) * d - v);
+    for (int k = 1; k < 16; ++k)
+      if (const float e2 = std::abs(float(kv[k]) * d - v); e2 < err) b = k, err = e2;
+    return b;
+  };
+  for (int j = 0; j < 16; ++j) out[1 + j] = uint8_t(best(x[j]) | (best(x[j + 16]) << 4));
+}
+
+}  // namespace
+
 uint16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -94,7 +118,7 @@ bool can_quantize_to(DType type) {
   switch (type) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0:
     case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q2_K:
-    case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL:
+    case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL: case DType::MXFP4:
       return true;
     default:
       return false;
@@ -129,6 +153,7 @@ void quantize_row(DType type, const float* x, uint8_t* out, size_t n, const floa
     case DType::Q4_1: fn = [](const float* x, uint8_t* o, const float*) { block_affine(x, o, 4); }; break;
     case DType::Q5_1: fn = [](const float* x, uint8_t* o, const float*) { block_affine(x, o, 5); }; break;
     case DType::IQ4_NL: fn = kquant::iq4_nl; break;
+    case DType::MXFP4: fn = [](const float* x, uint8_t* o, const float*) { block_mxfp4(x, o); }; break;
     case DType::Q2_K: fn = kquant::q2_k; break;
     case DType::Q3_K: fn = kquant::q3_k; break;
     case DType::Q4_K: fn = kquant::q4_k; break;

@@ -38,8 +38,10 @@ inline std::vector<uint8_t> random_rows(DType t, int64_t rows, int64_t cols, uin
   } else if (t == DType::F16 || t == DType::BF16) {
     for (size_t i = 0; i < b.size(); i += 2) put(&b[i], scale(rng) * 20);
   } else {
-    for (size_t blk = 0; blk < b.size() / info.block_bytes; ++blk)
+    for (size_t blk = 0; blk < b.size() / info.block_bytes; ++blk) {
       for (size_t off : half_fields(t)) put(&b[blk * info.block_bytes + off], scale(rng));
+      if (t == DType::MXFP4) b[blk * info.block_bytes] = uint8_t(118 + rng() % 7);  // scales 2^-10 .. 2^-4
+    }
   }
   return b;
 }
@@ -56,7 +58,7 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed) {
 inline const std::vector<DType>& all_types() {
   static const std::vector<DType> types = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1,
                                            DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
-                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::MXFP4};
   return types;
 }
 

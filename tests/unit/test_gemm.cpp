@@ -28,7 +28,8 @@ namespace serval {
 namespace {
 
 const std::vector<DType> kPackedTypes = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                                         DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
+                                         DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
+                                         DType::MXFP4};
 const std::vector<cpu::Isa> kLevels = {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512, cpu::Isa::Amx};
 
 // Restores the detected level when a test ends.
@@ -221,11 +222,13 @@ TEST_P(PackedGemm, AllBitsSetAgainstLargestActivations) {
   const int64_t rows = 16, cols = 2 * int64_t(dtype_info(t).block_elems);
   auto bytes = test::random_rows(t, rows, cols, 2);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = 0xFF;  // every bit set: the largest values and scales
-  for (size_t blk = 0; blk < bytes.size() / dtype_info(t).block_bytes; ++blk)
+  for (size_t blk = 0; blk < bytes.size() / dtype_info(t).block_bytes; ++blk) {
     for (size_t off : test::half_fields(t)) {
       const uint16_t h = f32_to_fp16(0.01f);
       std::memcpy(&bytes[blk * dtype_info(t).block_bytes + off], &h, 2);
     }
+    if (t == DType::MXFP4) bytes[blk * dtype_info(t).block_bytes] = 121;  // a scale of 2^-7 (not 2^127)
+  }
   WeightMatrix w{t, rows, cols, bytes.data(), row_bytes(t, cols)};
   cpu::prepare_weights(w);
   ASSERT_TRUE(w.packed);

@@ -199,6 +199,39 @@ TEST(Quantize, ImportanceWeightedSearchesWriteLlamaCppsBytes) {
   }
 }
 
+// MXFP4 against the OCP Microscaling spec: E2M1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 (8..15 the
+// same negated) times the E8M0 scale 2^(e - 127); ggml keeps the doubled values with 2^(e - 128).
+// Quantizing picks each value's nearest representable one for the block's power of two.
+TEST(Quantize, Mxfp4FollowsTheMicroscalingSpec) {
+  const double e2m1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (int e : {0, 1, 2, 100, 127, 130, 250}) {  // 6 x 2^(254 - 127) would pass FLT_MAX
+    uint8_t block[17];
+    block[0] = uint8_t(e);
+    for (int j = 0; j < 16; ++j) block[1 + j] = uint8_t(j | ((15 - j) << 4));
+    float got[32];
+    dequantize_row(DType::MXFP4, block, got, 32);
+    for (int j = 0; j < 32; ++j) {
+      const int code = j < 16 ? j : 15 - (j - 16);
+      const double want = (code < 8 ? 1 : -1) * e2m1[code % 8] * std::ldexp(1.0, e - 127);
+      EXPECT_EQ(double(got[j]), want) << "e " << e << " code " << code;
+    }
+  }
+  // Round trip: amax / scale lands in [4, 8) (doubled: [8, 16) of 12), so each value is within half of
+  // the largest gap (2 doubled units, at 8..12) times the scale of the nearest representable value.
+  const auto x = random_row(4096, 21);
+  const auto y = round_trip(DType::MXFP4, x);
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    float amax = 0;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[32 * b + j]));
+    const double d = amax > 0 ? std::ldexp(1.0, int(std::floor(std::log2(amax))) - 3) : 0;
+    for (size_t j = 0; j < 32; ++j) {
+      const double v = x[32 * b + j];
+      EXPECT_LE(std::abs(y[32 * b + j] - v), std::abs(v) > 12 * d ? std::abs(v) - 12 * d + 1e-12 : 2 * d + 1e-12)
+          << "block " << b << " value " << j;
+    }
+  }
+}
+
 TEST(Quantize, RefusesWhatItCannotWrite) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> out(1024);

@@ -36,6 +36,8 @@ constexpr TypeLayout kLayouts[] = {
     {DType::Q3_K, true, false, true, true, false, 4},     {DType::Q4_K, true, false, true, false, true, 0},
     {DType::Q5_K, true, true, true, false, true, 0},      {DType::Q6_K, false, false, true, true, false, 32},
     {DType::IQ4_NL, false, false, false, false, false, 128},
+    // MXFP4's values -12..12 fit 5 bits with an offset of 12: the Q5_0 layout, its scale a float.
+    {DType::MXFP4, true, true, false, false, false, 12},
 };
 
 const TypeLayout* layout_of(DType t) {

@@ -131,7 +131,7 @@ void with_layout(DType t, F&& f) {
   switch (t) {
     case DType::Q4_0: return f.template operator()<true, false, 0, false>();
     case DType::Q4_1: return f.template operator()<true, false, 0, true>();
-    case DType::Q5_0: return f.template operator()<true, true, 0, false>();
+    case DType::Q5_0: case DType::MXFP4: return f.template operator()<true, true, 0, false>();
     case DType::Q5_1: return f.template operator()<true, true, 0, true>();
     case DType::Q8_0: case DType::IQ4_NL: return f.template operator()<false, false, 0, false>();
     case DType::Q2_K: return f.template operator()<true, false, 2, true>();
