@@ -9,7 +9,7 @@
 namespace serval {
 namespace {
 
-constexpr std::array<DTypeInfo, 16> kTypes = {{
+constexpr std::array<DTypeInfo, 17> kTypes = {{
     {DType::F32, "F32", 1, 4},      {DType::F16, "F16", 1, 2},
     {DType::BF16, "BF16", 1, 2},    {DType::Q4_0, "Q4_0", 32, 18},
     {DType::Q4_1, "Q4_1", 32, 20},  {DType::Q5_0, "Q5_0", 32, 22},
@@ -18,6 +18,7 @@ constexpr std::array<DTypeInfo, 16> kTypes = {{
     {DType::Q4_K, "Q4_K", 256, 144}, {DType::Q5_K, "Q5_K", 256, 176},
     {DType::Q6_K, "Q6_K", 256, 210}, {DType::IQ4_NL, "IQ4_NL", 32, 18},
     {DType::MXFP4, "MXFP4", 32, 17}, {DType::F8_E4M3, "F8_E4M3", 1, 1},
+    {DType::U8, "U8", 1, 1},
 }};
 
 // Names of GGUF types that exist but that Serval does not implement, for clear errors.
@@ -32,7 +33,7 @@ constexpr std::array<std::string_view, 42> kAllNames = {
 
 std::optional<DTypeInfo> dtype_info(uint32_t type_id) {
   for (const auto& t : kTypes)
-    if (static_cast<uint32_t>(t.type) == type_id && t.type != DType::F8_E4M3) return t;
+    if (static_cast<uint32_t>(t.type) == type_id && t.type != DType::F8_E4M3 && t.type != DType::U8) return t;
   return std::nullopt;
 }
 

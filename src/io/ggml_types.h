@@ -13,6 +13,8 @@ enum class DType : uint32_t {
   MXFP4 = 39,  // OCP microscaling FP4: an E8M0 power-of-two scale and 32 E2M1 values (gpt-oss's experts)
   // Serval's own, never read from or written to a GGUF file: FP8 E4M3FN (the KV cache's fp8_e4m3).
   F8_E4M3 = 1000,
+  // Serval's own: raw bytes of a safetensors U8 tensor (gpt-oss's MXFP4 blocks and scales), never computed with.
+  U8 = 1001,
 };
 
 struct DTypeInfo {

@@ -43,7 +43,8 @@ void SafetensorsFile::parse(std::span<const uint8_t> bytes) {
     else if (dtype == "F16") type = DType::F16;
     else if (dtype == "BF16") type = DType::BF16;
     // Integer tensors are buffers, not weights (BERT's embeddings.position_ids): not listed.
-    else if (dtype == "I64" || dtype == "I32" || dtype == "I16" || dtype == "I8" || dtype == "U8" || dtype == "BOOL") continue;
+    else if (dtype == "U8") type = DType::U8;  // raw bytes (MXFP4 blocks and scales); other integer tensors are skipped
+    else if (dtype == "I64" || dtype == "I32" || dtype == "I16" || dtype == "I8" || dtype == "BOOL") continue;
     else fail("{}: tensor '{}' has unsupported dtype {}", path, name, dtype);
     TensorRef t{name, type, {}, nullptr, 0};
     const auto& shape = entry["shape"];

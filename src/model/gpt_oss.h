@@ -22,12 +22,14 @@ class GptOssExperts {
   // blk.N.ffn_{gate,up,down}_exps.{weight,bias}, made from the layer's stacked tensors; null for any
   // other name, or when the checkpoint lacks the source. The result lives as long as this object.
   const TensorRef* find(const std::string& gguf_name);
-  // The Hugging Face tensors find() reads (a converter maps them no other way).
+  // The Hugging Face tensors find() reads (a converter maps them no other way): the stacked matrices,
+  // their biases, and OpenAI's MXFP4 checkpoints' `_blocks` and `_scales` (which find() turns into
+  // GGUF MXFP4 matrices, bit for bit the same values, not widened).
   static bool is_source(const std::string& hf_name);
 
  private:
   Find find_;
-  std::deque<std::vector<float>> data_;
+  std::deque<std::vector<uint8_t>> data_;
   std::deque<TensorRef> made_;
   std::map<std::string, const TensorRef*> by_name_;
 };

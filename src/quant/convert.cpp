@@ -511,6 +511,10 @@ struct Mapped {
 };
 
 void add_tensor(GgufWriter& w, const ArchInfo& a, const Mapped& m, DType type) {
+  if (m.parts.size() == 1 && m.parts[0]->type == DType::MXFP4) {  // gpt-oss's MXFP4 experts stay as they are
+    w.add_tensor(m.name, m.ne, uint32_t(DType::MXFP4), m.parts[0]->data, m.parts[0]->nbytes);
+    return;
+  }
   std::vector<float> x;
   for (const TensorRef* t : m.parts) {
     const std::vector<float> part = modified_values(a, m.name, *t);
@@ -543,6 +547,7 @@ std::vector<Mapped> mapped_tensors(const ArchInfo& a, const Checkpoint& c, GptOs
     if (a.arch == "gpt-oss" && GptOssExperts::is_source(hf)) {  // made in llama.cpp's layout below
       const std::string layer = hf.substr(0, hf.find(".mlp."));
       const std::string blk = "blk." + layer.substr(layer.rfind('.') + 1) + ".";
+      if (hf.ends_with("_scales")) continue;  // read with its _blocks
       const bool down = hf.find("down_proj") != std::string::npos, bias = hf.ends_with("_bias");
       for (const char* kind : down ? std::vector<const char*>{"down"} : std::vector<const char*>{"gate", "up"}) {
         const std::string name = blk + "ffn_" + kind + "_exps." + (bias ? "bias" : "weight");
@@ -717,7 +722,8 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   w.add_u32("general.quantization_version", kQuantizationVersion);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Mapped& m = tensors[i];
-    const DType type = converted_type(m.name, m.ne.size(), m.ne[0], o.outtype);
+    const DType type = m.parts.size() == 1 && m.parts[0]->type == DType::MXFP4 ? DType::MXFP4
+                                                                                : converted_type(m.name, m.ne.size(), m.ne[0], o.outtype);
     add_tensor(w, a, m, type);
     if (o.progress) o.progress(i + 1, tensors.size(), m.name, type);
   }

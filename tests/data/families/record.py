@@ -111,6 +111,20 @@ def gpt_oss_family(vocab):
     }
 
 
+def record_gpt_oss_mxfp4(tok):
+    """gpt_oss written as OpenAI's MXFP4 checkpoint (tests/py/gpt_oss_mxfp4.py, numpy, rerun by the test)
+    and loaded by transformers' own MXFP4 support (dequantized): gpt_oss_mxfp4.json."""
+    import tempfile
+    from transformers import Mxfp4Config
+    sys.path.insert(0, str(HERE.parents[1] / "py"))
+    import gpt_oss_mxfp4
+    with tempfile.TemporaryDirectory() as d:
+        gpt_oss_mxfp4.write(d)
+        model = GptOssForCausalLM.from_pretrained(d, quantization_config=Mxfp4Config(dequantize=True),
+                                                  torch_dtype=torch.float32).eval()
+        (HERE / "gpt_oss_mxfp4.json").write_text(json.dumps(record(model, tok), indent=1) + "\n")
+
+
 def record(model, tok):
     rows = []
     with torch.no_grad():
@@ -169,6 +183,8 @@ def main():
         torch.manual_seed(seed)
         for name, model in make(tok.vocab_size).items():
             save(name, model, tok, reference)
+    if only in (None, "gpt_oss", "gpt_oss_mxfp4"):
+        record_gpt_oss_mxfp4(tok)
     (HERE / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
 
