@@ -1,11 +1,15 @@
-// `serval info MODEL` and `serval tokenize -m MODEL -p TEXT`.
+// `serval info MODEL` and `serval tokenize -m MODEL -p TEXT` (or --jsonl FILE).
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "base/error.h"
 #include "io/gguf.h"
 #include "model/model.h"
 #include "tokenizer/load.h"
@@ -102,18 +106,40 @@ void add_info(CLI::App& app) {
   cmd->callback([path] { print_info(resolve_model_path(*path)); });
 }
 
+// `--jsonl FILE`: one JSON string per line, each answered by one line of space-separated ids (many
+// texts for one load of the vocabulary; llama.cpp's tokenizer test vectors are checked this way).
+void tokenize_jsonl(const Tokenizer& tok, const std::string& path, bool bos, bool special) {
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open", path);
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    nlohmann::json text;
+    try {
+      text = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      fail("{}:{}: not a JSON string", path, n);
+    }
+    check(text.is_string(), "{}:{}: not a JSON string", path, n);
+    fmt::print("{}\n", fmt::join(tok.encode(text.get<std::string>(), bos, special), " "));
+  }
+}
+
 void add_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text, one per line");
-  struct Opts { std::string model, prompt, tokenizer; bool no_bos = false, special = false, pieces = false; };
+  struct Opts { std::string model, prompt, tokenizer, jsonl; bool no_bos = false, special = false, pieces = false; };
   auto o = std::make_shared<Opts>();
   cmd->add_option("-m,--model,model", o->model, "model")->required();
-  cmd->add_option("-p,--prompt", o->prompt, "text to tokenize")->required();
+  auto* prompt = cmd->add_option("-p,--prompt", o->prompt, "text to tokenize");
+  auto* jsonl = cmd->add_option("--jsonl", o->jsonl, "a file of JSON strings, one per line: one line of ids each");
+  prompt->excludes(jsonl);
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_flag("--no-bos", o->no_bos, "add no special tokens (BOS/EOS)");
   cmd->add_flag("--parse-special", o->special, "turn special-token text such as <|im_start|> into its id");
   cmd->add_flag("--show-pieces", o->pieces, "print each id with its text");
-  cmd->callback([o] {
+  cmd->callback([o, prompt, jsonl] {
+    check(prompt->count() + jsonl->count() == 1, "give the text with -p, or a file of texts with --jsonl");
     const Tokenizer tok(load_vocab(resolve_model_path(o->model), o->tokenizer));
+    if (!o->jsonl.empty()) return tokenize_jsonl(tok, o->jsonl, !o->no_bos, o->special);
     for (int32_t id : tok.encode(o->prompt, !o->no_bos, o->special)) {
       if (o->pieces) fmt::print("{} -> '{}'\n", id, tok.token_to_piece(id, true));
       else fmt::print("{}\n", id);

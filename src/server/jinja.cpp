@@ -144,6 +144,9 @@ struct Value {
   std::shared_ptr<json> ns;  // namespace(): an object shared by reference
   std::shared_ptr<Fn> fn;
   uint64_t cost = 0;  // work units of `data` (see measure)
+  // A string marked safe (|safe, |escape): as markupsafe's Markup, adding a plain string to it with +
+  // escapes the plain one (Jinja2 renders "x"|safe + y so without autoescape; ~ joins plainly).
+  bool markup = false;
 
   static Value undefined() { return {}; }
   // Every value a template builds comes through here: checked against the limits and charged.
@@ -182,7 +185,8 @@ bool truthy(const Value& v) {
   if (j.is_number_unsigned()) return j.get<uint64_t>() != 0;
   if (j.is_number_integer()) return j.get<int64_t>() != 0;
   if (j.is_number()) return j.get<double>() != 0.0;
-  if (j.is_string() || j.is_array() || j.is_object()) return !j.empty();
+  if (j.is_string()) return !j.get_ref<const std::string&>().empty();  // json::empty() is false for any string
+  if (j.is_array() || j.is_object()) return !j.empty();
   return true;
 }
 
@@ -493,23 +497,47 @@ struct Item : Expr {
   Value do_eval(Context& c) const override { return get_item(obj->eval(c), key->eval(c)); }
 };
 struct Slice : Expr {
-  ExprP obj, start, stop;
+  ExprP obj, start, stop, step;
+  // Python's slice: x[a:b:k] (k may be negative: messages[::-1]), indices clamped as Python clamps them.
   Value do_eval(Context& c) const override {
     const Value o = obj->eval(c);
     const json& j = o.j();
     check(j.is_array() || j.is_string(), "chat template: slicing needs a list or a string");
     const int64_t n = j.is_array() ? int64_t(j.size()) : int64_t(j.get_ref<const std::string&>().size());
-    auto clamp = [&](const ExprP& e, int64_t dflt) {
-      if (!e) return dflt;
+    auto given = [&](const ExprP& e, int64_t* x) {
+      if (!e) return false;
       const Value v = e->eval(c);
-      if (v.is_undefined() || v.j().is_null()) return dflt;
-      int64_t x = int_of(v.j(), "a slice index");
-      if (x < 0) x += n;  // x >= INT64_MIN and n >= 0: cannot overflow
-      return std::clamp<int64_t>(x, 0, n);
+      if (v.is_undefined() || v.j().is_null()) return false;
+      *x = int_of(v.j(), "a slice index");
+      return true;
     };
-    const int64_t a = clamp(start, 0), b = std::max(a, clamp(stop, n));
-    if (j.is_string()) return Value::of(j.get_ref<const std::string&>().substr(size_t(a), size_t(b - a)));
-    return Value::of(json(j.begin() + a, j.begin() + b));
+    int64_t k = 1;
+    given(step, &k);
+    check(k != 0, "chat template: slice step cannot be zero");
+    // Bounds: [0, n] going forward, [-1, n - 1] going backward (-1: before the first element).
+    const int64_t lo = k > 0 ? 0 : -1, hi = k > 0 ? n : n - 1;
+    auto bound = [&](const ExprP& e, int64_t dflt) {
+      int64_t x;
+      if (!given(e, &x)) return dflt;
+      if (x < 0) x += n;  // x >= INT64_MIN and n >= 0: cannot overflow
+      return std::clamp<int64_t>(x, lo, hi);
+    };
+    const int64_t a = bound(start, k > 0 ? 0 : n - 1), b = bound(stop, k > 0 ? n : -1);
+    std::vector<int64_t> at;
+    for (int64_t i = a; k > 0 ? i < b : i > b; i += k) {
+      at.push_back(i);
+      if (k > 0 ? i > b - k : i < b - k) break;  // the next step would pass b (or overflow)
+    }
+    charge(at.size() * kEvalCost);
+    if (j.is_string()) {
+      const std::string& str = j.get_ref<const std::string&>();
+      std::string out;
+      for (int64_t i : at) out += str[size_t(i)];
+      return Value::of(std::move(out));
+    }
+    json out = json::array();
+    for (int64_t i : at) out.push_back(j[size_t(i)]);
+    return Value::of(std::move(out));
   }
 };
 struct Call : Expr {
@@ -624,8 +652,37 @@ Value repeat_list(const Value& l, int64_t n) {
   return Value::of(std::move(out));
 }
 
+// markupsafe's escape: & < > " ' as entities.
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += ch;
+    }
+  }
+  check_string_size(out.size());
+  return out;
+}
+
+Value markup_of(std::string s) {
+  Value v = Value::of(std::move(s));
+  v.markup = true;
+  return v;
+}
+
 Value arithmetic(const std::string& op, const Value& l, const Value& r) {
   const json &a = l.j(), &b = r.j();
+  if (op == "+" && a.is_string() && b.is_string() && (l.markup || r.markup)) {  // Markup.__add__ (~ joins plainly)
+    const std::string x = l.markup ? to_string(l) : html_escape(to_string(l));
+    const std::string y = r.markup ? to_string(r) : html_escape(to_string(r));
+    check_string_size(x.size() + y.size());
+    return markup_of(x + y);
+  }
   if (op == "~") {
     const std::string x = to_string(l), y = to_string(r);
     check_string_size(x.size() + y.size());
@@ -963,9 +1020,13 @@ class ExprParser {
           ++pos_;
           auto s = std::make_shared<Slice>();
           s->obj = e, s->start = first;
-          if (!is_op("]")) s->stop = parse_expr();
+          if (!is_op("]") && !is_op(":")) s->stop = parse_expr();
+          if (is_op(":")) {
+            ++pos_;
+            if (!is_op("]")) s->step = parse_expr();
+          }
           expect_op("]");
-          e = grown(s, {&s->obj, &s->start, &s->stop});
+          e = grown(s, {&s->obj, &s->start, &s->stop, &s->step});
         } else {
           expect_op("]");
           auto it = std::make_shared<Item>();
@@ -1136,7 +1197,7 @@ Value string_method(const std::string& self, const std::string& name) {
     });
   if (name == "replace")
     return Value::function([=](Args& a, Kwargs& k) { return call_filter("replace", Value::of(self), a, k); });
-  fail("chat template: unsupported string method '{}'", name);
+  return Value::undefined();  // as Jinja2: an attribute a string lacks is undefined (calling it is an error)
 }
 
 Value get_attr(const Value& obj, const std::string& name) {
@@ -1299,6 +1360,22 @@ Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
     py_json(j, indent, 0, out);
     return Value::of(std::move(out));
   }
+  if (name == "dictsort") {  // (key, value) pairs by key; case-insensitive unless case_sensitive=true
+    check(j.is_object(), "chat template: dictsort needs a mapping, not {}", j.type_name());
+    const bool cased = k.count("case_sensitive") ? truthy(k["case_sensitive"]) : a.size() > 0 && truthy(a[0]);
+    std::vector<std::pair<std::string, const json*>> items;
+    for (auto& [key, val] : j.items()) items.emplace_back(key, &val);
+    auto fold = [&](std::string x) {
+      if (!cased)
+        for (char& ch : x) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      return x;
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) { return fold(x.first) < fold(y.first); });
+    json out = json::array();
+    for (auto& [key, val] : items) out.push_back(json::array({key, *val}));
+    charge(measure(out, 0));
+    return Value::of(std::move(out));
+  }
   if (name == "items") {
     const Value items = get_attr(v, "items");
     check(items.kind == Value::Kind::Function, "chat template: items needs a mapping, not {}", j.type_name());
@@ -1325,7 +1402,23 @@ Value call_filter(const std::string& name, Value v, Args& a, Kwargs& k) {
     }
     return Value::of(std::move(out));
   }
-  if (name == "safe" || name == "e" || name == "escape") return v;
+  if (name == "safe") {
+    if (!j.is_string()) return v;
+    v.markup = true;
+    return v;
+  }
+  if (name == "e" || name == "escape") return v.markup ? v : markup_of(html_escape(to_string(v)));
+  if (name == "min" || name == "max") {  // of a list, as Python compares (numbers, or strings)
+    check(j.is_array(), "chat template: {} needs a list, not {}", name, j.type_name());
+    if (j.empty()) return Value::undefined();
+    const json* best = &j[0];
+    for (const auto& x : j) {
+      check((x.is_number() && best->is_number()) || (x.is_string() && best->is_string()),
+            "chat template: {} of values that do not compare", name);
+      if (name == "min" ? x < *best : *best < x) best = &x;
+    }
+    return Value::of(*best);
+  }
   fail("chat template: unsupported filter '{}'", name);
 }
 
@@ -1370,6 +1463,18 @@ struct IfNode : Node {
       if (!cond || truthy(cond->eval(c))) return body->render(c, out);
   }
 };
+// {% break %} and {% continue %} (Jinja2's loopcontrols, which transformers enables): thrown to the
+// innermost ForNode, which the parser guarantees exists. Not std::exceptions, so nothing else catches them.
+struct LoopBreak {};
+struct LoopContinue {};
+struct LoopControlNode : Node {
+  bool is_break = true;
+  void render(Context&, std::string&) const override {
+    if (is_break) throw LoopBreak{};
+    throw LoopContinue{};
+  }
+};
+
 struct ForNode : Node {
   std::vector<std::string> vars;
   ExprP iterable, filter;
@@ -1436,8 +1541,15 @@ struct ForNode : Node {
       v.data = loop;
       v.cost = cost;
       c.set("loop", std::move(v));
-      body->render(c, out);
+      bool stop = false;
+      try {
+        body->render(c, out);
+      } catch (const LoopBreak&) {
+        stop = true;
+      } catch (const LoopContinue&) {
+      }
       c.scopes.pop_back();
+      if (stop) break;
     }
   }
   void bind(Context& c, const json& x) const {
@@ -1466,6 +1578,43 @@ struct SetNode : Node {
     charge(measure(v.j(), 1));  // one level below the namespace; and the copy below
     json copy = v.j();  // (v may be this very namespace)
     (*target.ns)[attr] = std::move(copy);
+  }
+};
+
+// {% macro name(a, b=default) %}...{% endmacro %}: defines `name` as a function in the current scope.
+// A call renders the body in a new scope (on top of the caller's, so the template's variables are
+// visible, as Jinja2's macros see the template context) with the arguments bound, positional then by
+// name, the rest from their defaults (evaluated at the call); it returns the rendered text. Recursion
+// is bounded by the call depth limit.
+struct MacroNode : Node {
+  std::string name;
+  std::vector<std::pair<std::string, ExprP>> params;  // default: null when none
+  NodeP body;
+  void render(Context& c, std::string&) const override {
+    Context* ctx = &c;  // a render's context outlives every value made during it
+    const MacroNode* self = this;
+    c.set(name, Value::function([ctx, self](Args& a, Kwargs& k) {
+      check(a.size() <= self->params.size(), "chat template: macro '{}' takes {} arguments, got {}", self->name,
+            self->params.size(), a.size());
+      for (auto& [key, v] : k) {
+        const bool known = std::any_of(self->params.begin(), self->params.end(), [&](const auto& p) { return p.first == key; });
+        check(known, "chat template: macro '{}' has no argument '{}'", self->name, key);
+      }
+      ctx->scopes.emplace_back();
+      struct Pop {
+        Context* c;
+        ~Pop() { c->scopes.pop_back(); }
+      } pop{ctx};
+      for (size_t i = 0; i < self->params.size(); ++i) {
+        const auto& [pname, dflt] = self->params[i];
+        if (i < a.size()) ctx->set(pname, a[i]);
+        else if (auto f = k.find(pname); f != k.end()) ctx->set(pname, f->second);
+        else ctx->set(pname, dflt ? dflt->eval(*ctx) : Value::undefined());
+      }
+      std::string out;
+      self->body->render(*ctx, out);
+      return Value::of(std::move(out));
+    }));
   }
 };
 
@@ -1515,6 +1664,7 @@ class StmtParser {
   const std::vector<Piece>& pieces_;
   size_t pos_ = 0;
   int depth_ = 0;
+  int loops_ = 0;  // for loops around the statement being parsed (break / continue need one)
 
   static std::string keyword(const std::string& s) {
     const size_t a = s.find_first_not_of(" \t\r\n");
@@ -1529,6 +1679,14 @@ class StmtParser {
     if (kw == "if") return parse_if(rest);
     if (kw == "for") return parse_for(rest);
     if (kw == "set") return parse_set(rest);
+    if (kw == "macro") return parse_macro(rest);
+    if (kw == "break" || kw == "continue") {
+      check(loops_ > 0, "chat template: {{% {} %}} outside a for loop", kw);
+      check(rest.find_first_not_of(" \t\r\n-") == std::string::npos, "chat template: unexpected text after {}", kw);
+      auto node = std::make_shared<LoopControlNode>();
+      node->is_break = kw == "break";
+      return node;
+    }
     fail("chat template: unsupported statement '{{% {} %}}'", kw);
   }
 
@@ -1567,12 +1725,39 @@ class StmtParser {
     }
     check(p.at_end(), "chat template: unexpected '{}' in for loop", p.peek().text);
     std::string ended;
+    ++loops_;
     node->body = parse_block({"else", "endfor"}, &ended);
+    --loops_;
     ++pos_;
     if (ended == "else") {
       node->otherwise = parse_block({"endfor"}, nullptr);
       ++pos_;
     }
+    return node;
+  }
+
+  NodeP parse_macro(const std::string& rest) {
+    auto node = std::make_shared<MacroNode>();
+    ExprParser p(rest);
+    node->name = p.name();
+    p.expect_op("(");
+    while (!p.is_op(")")) {
+      std::string param = p.name();
+      ExprP dflt;
+      if (p.is_op("=")) {
+        p.expect_op("=");
+        dflt = p.parse_expr();
+      }
+      node->params.emplace_back(std::move(param), std::move(dflt));
+      if (!p.is_op(")")) p.expect_op(",");
+    }
+    p.expect_op(")");
+    check(p.at_end(), "chat template: unexpected '{}' in macro", p.peek().text);
+    const int outer_loops = loops_;
+    loops_ = 0;  // a macro's body is not inside the loops around its definition
+    node->body = parse_block({"endmacro"}, nullptr);
+    loops_ = outer_loops;
+    ++pos_;
     return node;
   }
 

@@ -90,8 +90,8 @@ def test_known_renderings(name):
 
 
 def test_unsupported_template_is_a_clear_error(tmp_path):
-    bad = tmp_path / "macro.jinja"
-    bad.write_text("{% macro greet(x) %}hi {{ x }}{% endmacro %}{{ greet('a') }}")
+    bad = tmp_path / "include.jinja"
+    bad.write_text("{% include 'other.jinja' %}hi")
     p = serval_render(bad, CONVERSATIONS["single"])
     assert p.returncode == 1
     assert "unsupported statement" in p.stderr

@@ -288,9 +288,28 @@ TEST(JinjaDepth, RecursiveFilterCalls) {
 }
 
 TEST(JinjaDepth, SelfCallingMacro) {
-  // Macros are not in the supported subset: the template is refused at parse time, before any
-  // recursion could happen (rendering never starts).
-  EXPECT_ERROR("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "unsupported statement '{% macro %}'");
+  // A macro that calls itself forever stops at the call depth limit, as an error.
+  EXPECT_ERROR("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursion depth limit exceeded");
+}
+
+// Macros (arguments by position and name, defaults evaluated at the call, recursion), loop controls,
+// Python slices with steps, markupsafe's + of safe strings, and empty strings being false: expected
+// values are what Jinja2 renders (checked by hand in Python).
+TEST(JinjaTemplates, MacrosLoopControlsSlicesAndMarkup) {
+  EXPECT_EQ(render("{% macro m(a, b=2) %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }},{{ m(1, 3) }},{{ m(b=5, a=4) }}"), "1-2,1-3,4-5");
+  EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}"), "321");
+  EXPECT_EQ(render("{% set x = 7 %}{% macro g() %}{{ x }}{% endmacro %}{{ g() }}"), "7");
+  EXPECT_ERROR("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", "takes 1 arguments");
+  EXPECT_ERROR("{% macro m(a) %}{% endmacro %}{{ m(c=1) }}", "no argument 'c'");
+  EXPECT_EQ(render("{% for i in range(6) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 4 %}{% break %}{% endif %}{{ i }}{% endfor %}"), "023");
+  EXPECT_ERROR("{% break %}", "outside a for loop");
+  EXPECT_ERROR("{% for i in [1] %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}", "outside a for loop");
+  EXPECT_EQ(render("{{ [1, 2, 3, 4][::-1] }}|{{ 'abcdef'[1:5:2] }}|{{ [1, 2, 3, 4, 5][-1:0:-2] }}|{{ [1, 2][5:] }}"), "[4, 3, 2, 1]|bd|[5, 3]|[]");
+  EXPECT_ERROR("{{ [1][::0] }}", "step cannot be zero");
+  EXPECT_EQ(render("{{ '<a>'|safe + '\"b\"' }}|{{ '<a>' ~ ('\"b\"'|safe) }}|{{ 'x'|e }}{{ '<'|e }}"), "<a>&#34;b&#34;|<a>\"b\"|x&lt;");
+  EXPECT_EQ(render("{% set s = '' %}{% if s %}yes{% else %}no{% endif %}{% if 'a' %}!{% endif %}"), "no!");
+  EXPECT_EQ(render("{{ [3, 1, 2]|min }}{{ [3, 1, 2]|max }}{% for k, v in {'b': 1, 'A': 2}|dictsort %}{{ k }}{{ v }}{% endfor %}"), "13A2b1");
+  EXPECT_EQ(render("{% if 'abc'.content is defined %}d{% else %}u{% endif %}"), "u");
 }
 
 TEST(JinjaDepth, DeepValues) {
