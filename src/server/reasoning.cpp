@@ -80,8 +80,10 @@ bool ReasoningSplitter::step_harmony(ReasoningParts& out) {
     if (message == std::string::npos) return false;  // the header is not whole yet
     const std::string_view header = std::string_view(held_).substr(0, message);
     const size_t channel = header.find(kChannel);
-    body_is_thinking_ = channel != std::string_view::npos &&
+    body_is_call_ = header.find(" to=") != std::string_view::npos || trim_front(header).starts_with("to=");
+    body_is_thinking_ = !body_is_call_ && channel != std::string_view::npos &&
                         header.substr(channel + kChannel.size(), 8) == "analysis";
+    if (body_is_call_) out.content += held_.substr(0, message + kMessage.size());
     held_.erase(0, message + kMessage.size());
     state_ = State::Body;
     return true;
@@ -94,7 +96,7 @@ bool ReasoningSplitter::step_harmony(ReasoningParts& out) {
       end_size = marker.size();
     }
   if (end != std::string::npos) {
-    to += held_.substr(0, end);
+    to += held_.substr(0, body_is_call_ ? end + end_size : end);  // a call keeps its <|call|>
     held_.erase(0, end + end_size);
     state_ = State::Header;
     return true;

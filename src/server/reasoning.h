@@ -17,7 +17,8 @@ enum class ReasoningFormat {
   Qwen3,       // vLLM's qwen3 (llama.cpp's deepseek/auto): thinking only when the output starts with
                // <think>, or the prompt ends inside an open <think> (a template that pre-fills it)
   GptOss,      // vLLM's gpt_oss: OpenAI's harmony format, messages `<|channel|>NAME<|message|>TEXT<|end|>`;
-               // the analysis channel is the thinking, the others (final, commentary) the answer
+               // the analysis channel is the thinking, the others (final, commentary) the answer; a
+               // message to a recipient (` to=functions.NAME`, a tool call) stays in the answer as written
 };
 
 // "deepseek_r1", "qwen3", "gpt_oss" (vLLM), "deepseek", "auto" (llama.cpp: Qwen3's rule), "none";
@@ -58,6 +59,8 @@ class ReasoningSplitter {
     Body,       // harmony: a message's text, up to <|end|>, <|return|> or <|call|>
   };
   bool body_is_thinking_ = false;  // harmony: the message being read is on the analysis channel
+  bool body_is_call_ = false;      // harmony: it is addressed to a recipient (to=functions.NAME): a tool call,
+                                   // which goes to the answer whole (header, body, <|call|>) for the tool parser
   State state_;
   bool opened_ = false;  // the output's own <think> was read (a second one is text)
   std::string held_;  // text not yet shown: a possible tag, or blanks that may come before </think>

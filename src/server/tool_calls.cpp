@@ -26,8 +26,15 @@ constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]";
 constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kHarmonyTo = "to=functions.", kHarmonyMessage = "<|message|>";
+constexpr std::string_view kHarmonyEnds[] = {"<|call|>", "<|end|>", "<|return|>"};
+constexpr std::string_view kHarmonyMarkers[] = {"<|start|>", "<|channel|>"};
+constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>", kDsCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>", kDsSep = "<｜tool▁sep｜>";
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+bool is_word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }
 
 size_t skip_ws(std::string_view s, size_t i) {
   while (i < s.size() && is_space(s[i])) ++i;
@@ -300,6 +307,82 @@ ParsedToolOutput parse_mistral(std::string_view text, const std::unordered_set<s
   return out;
 }
 
+// Harmony: every message addressed to `functions.NAME` is a call (its body the arguments, up to <|call|>,
+// <|end|> or the end of the text). A call's span starts at the header's first marker (<|start|> or
+// <|channel|>) after the previous span; a message that does not parse stays content.
+ParsedToolOutput parse_harmony(std::string_view text, const std::unordered_set<std::string>& names) {
+  ParsedToolOutput out;
+  std::string content;
+  size_t done = 0;
+  for (size_t to = text.find(kHarmonyTo); to != npos; to = text.find(kHarmonyTo, to + 1)) {
+    if (to < done) continue;
+    size_t name_end = to + kHarmonyTo.size();
+    while (name_end < text.size() && (is_word_char(text[name_end]) || text[name_end] == '.')) ++name_end;
+    const std::string name(text.substr(to + kHarmonyTo.size(), name_end - to - kHarmonyTo.size()));
+    const size_t message = text.find(kHarmonyMessage, name_end);
+    if (message == npos) break;
+    const size_t body = message + kHarmonyMessage.size();
+    size_t end = text.size(), end_size = 0;
+    for (std::string_view m : kHarmonyEnds)
+      if (const size_t at = text.find(m, body); at < end) end = at, end_size = m.size();
+    size_t start = to;
+    for (std::string_view m : kHarmonyMarkers)
+      if (const size_t at = text.rfind(m, to); at != npos && at >= done && at < start) start = at;
+    const auto args = parse_json(trim(text.substr(body, end - body)));
+    if (!names.count(name) || !args || !args->is_object()) continue;
+    content += text.substr(done, start - done);
+    out.calls.push_back(ToolCall{"", name, args->dump()});
+    done = end + end_size;
+  }
+  content += text.substr(std::min(done, text.size()));
+  out.content = std::string(trim(content));
+  return out;
+}
+
+// DeepSeek: calls between <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>, each "TYPE<sep>NAME\n```json\n{...}\n```"
+// (R1, V3) or "NAME<sep>{...}" (V3.1). The calls block (from <｜tool▁calls▁begin｜>, or the first call, to
+// <｜tool▁calls▁end｜> or the last call's end) gives calls only when all of them parse.
+std::optional<ToolCall> deepseek_call(std::string_view inner, const std::unordered_set<std::string>& names) {
+  const size_t sep = inner.find(kDsSep);
+  if (sep == npos) return std::nullopt;
+  std::string_view head = trim(inner.substr(0, sep)), rest = inner.substr(sep + kDsSep.size());
+  std::string name(head);
+  if (head == "function") {  // R1 / V3: the name on the rest's first line, the arguments fenced
+    const size_t nl = rest.find('\n');
+    name = std::string(trim(rest.substr(0, nl)));
+    rest = nl == npos ? std::string_view() : rest.substr(nl + 1);
+  }
+  rest = trim(rest);
+  if (rest.starts_with("```json")) rest = rest.substr(7);
+  else if (rest.starts_with("```")) rest = rest.substr(3);
+  rest = trim(rest);
+  if (rest.ends_with("```")) rest = trim(rest.substr(0, rest.size() - 3));
+  const auto args = parse_json(rest);
+  if (!names.count(name) || !args || !args->is_object()) return std::nullopt;
+  return ToolCall{"", name, args->dump()};
+}
+
+ParsedToolOutput parse_deepseek(std::string_view text, const std::unordered_set<std::string>& names) {
+  const size_t first = text.find(kDsCallBegin);
+  if (first == npos) return {std::string(trim(text)), {}};
+  const size_t block = text.rfind(kDsCallsBegin, first);
+  const size_t start = block != npos && trim(text.substr(block + kDsCallsBegin.size(), first - block - kDsCallsBegin.size())).empty() ? block : first;
+  ParsedToolOutput out;
+  size_t pos = first, end = first;
+  while (pos != npos && pos < text.size() && text.substr(pos).starts_with(kDsCallBegin)) {
+    const size_t close = text.find(kDsCallEnd, pos);
+    const size_t inner = pos + kDsCallBegin.size();
+    auto call = deepseek_call(text.substr(inner, (close == npos ? text.size() : close) - inner), names);
+    if (!call) return {std::string(trim(text)), {}};
+    out.calls.push_back(std::move(*call));
+    end = close == npos ? text.size() : close + kDsCallEnd.size();
+    pos = skip_ws(text, end);
+  }
+  if (text.substr(pos).starts_with(kDsCallsEnd)) end = pos + kDsCallsEnd.size();
+  out.content = std::string(trim(std::string(text.substr(0, start)) + std::string(text.substr(std::min(end, text.size())))));
+  return out;
+}
+
 // Where `marker` starts in `text`, or where a suffix of `text` is a proper prefix of it; npos if neither.
 size_t marker_start(std::string_view text, std::string_view marker) {
   if (size_t i = text.find(marker); i != npos) return i;
@@ -373,7 +456,6 @@ bool leading_json(std::string_view s, char open, char next) {
   return i == s.size() || s[i] == next;
 }
 
-bool is_word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }
 
 struct Function {
   std::string name;
@@ -415,12 +497,22 @@ std::string arguments_gbnf(const Function& fn) {
 }  // namespace
 
 const char* to_string(ToolFormat f) {
-  return f == ToolFormat::Hermes ? "hermes" : f == ToolFormat::Llama3Json ? "llama3_json" : "mistral";
+  switch (f) {
+    case ToolFormat::Hermes: return "hermes";
+    case ToolFormat::Llama3Json: return "llama3_json";
+    case ToolFormat::Mistral: return "mistral";
+    case ToolFormat::Harmony: return "openai";  // vLLM's name for gpt-oss's parser
+    case ToolFormat::DeepSeekR1: return "deepseek_v3";
+    case ToolFormat::DeepSeekV31: return "deepseek_v31";
+  }
+  return "hermes";
 }
 
 ToolFormat tool_format_for_template(std::string_view src) {
   auto has = [&](std::string_view s) { return src.find(s) != npos; };
   if (has(kMistralCalls) || has("[AVAILABLE_TOOLS]")) return ToolFormat::Mistral;
+  if (has(kHarmonyTo) || (has("<|channel|>") && (has("<|call|>") || has(" to=")))) return ToolFormat::Harmony;
+  if (has(kDsCallBegin)) return has("```json") ? ToolFormat::DeepSeekR1 : ToolFormat::DeepSeekV31;
   if (has(kHermesOpen)) return ToolFormat::Hermes;
   if (has(kPythonTag) || (has("\"parameters\"") && (has("ipython") || has("<|eom_id|>")))) return ToolFormat::Llama3Json;
   return ToolFormat::Hermes;
@@ -444,9 +536,14 @@ std::string new_tool_call_id() {
 ParsedToolOutput parse_tool_calls(std::string_view text, ToolFormat format, const nlohmann::ordered_json& tools) {
   const auto names = function_names(tools);
   if (names.empty()) return {std::string(trim(text)), {}};
-  ParsedToolOutput out = format == ToolFormat::Hermes       ? parse_hermes(text, names)
-                         : format == ToolFormat::Llama3Json ? parse_llama3(text, names)
-                                                            : parse_mistral(text, names);
+  ParsedToolOutput out;
+  switch (format) {
+    case ToolFormat::Hermes: out = parse_hermes(text, names); break;
+    case ToolFormat::Llama3Json: out = parse_llama3(text, names); break;
+    case ToolFormat::Mistral: out = parse_mistral(text, names); break;
+    case ToolFormat::Harmony: out = parse_harmony(text, names); break;
+    case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31: out = parse_deepseek(text, names); break;
+  }
   for (auto& call : out.calls) call.id = new_tool_call_id();
   return out;
 }
@@ -460,6 +557,10 @@ size_t tool_call_start(std::string_view text, ToolFormat format) {
                       leading_json(text, '{', 0) || leading_json(text, '[', '{') ? size_t(0) : npos);
     case ToolFormat::Mistral:
       return std::min(marker_start(text, kMistralCalls), leading_json(text, '[', '{') ? size_t(0) : npos);
+    case ToolFormat::Harmony:  // any harmony marker: the reasoning parser leaves only call messages in content
+      return std::min(marker_start(text, kHarmonyMarkers[0]), marker_start(text, kHarmonyMarkers[1]));
+    case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31:
+      return std::min(marker_start(text, kDsCallsBegin), marker_start(text, kDsCallBegin));
   }
   return npos;
 }
@@ -488,6 +589,42 @@ std::string prefix_gbnf_rules(std::string_view gbnf, std::string_view prefix) {
   return out;
 }
 
+namespace {
+// The formats that write the name outside the arguments' JSON: harmony's header, DeepSeek's tags.
+std::string named_call_gbnf(const std::vector<Function>& fns, ToolFormat format, bool parallel) {
+  std::string g;
+  if (format == ToolFormat::Harmony) {
+    g += parallel ? "root ::= call (\"<|start|>assistant\" call)*\n" : "root ::= call\n";
+  } else {
+    g += "root ::= " + grammar::gbnf_literal(std::string(kDsCallsBegin)) + (parallel ? " call (tcws call)* " : " call ") +
+         grammar::gbnf_literal(std::string(kDsCallsEnd)) + "\n";
+  }
+  g += "call ::= ";
+  for (size_t k = 0; k < fns.size(); ++k) g += (k ? " | call-fn" : "call-fn") + std::to_string(k);
+  g += "\ntcws ::= [ \\t\\n]{0,8}\n";
+  for (size_t k = 0; k < fns.size(); ++k) {
+    const std::string prefix = "fn" + std::to_string(k) + "-";
+    std::string head, tail;
+    switch (format) {
+      case ToolFormat::Harmony:
+        head = "<|channel|>commentary to=functions." + fns[k].name + " <|constrain|>json<|message|>", tail = "<|call|>";
+        break;
+      case ToolFormat::DeepSeekR1:
+        head = std::string(kDsCallBegin) + "function" + std::string(kDsSep) + fns[k].name + "\n```json\n";
+        tail = "\n```" + std::string(kDsCallEnd);
+        break;
+      default:
+        head = std::string(kDsCallBegin) + fns[k].name + std::string(kDsSep), tail = std::string(kDsCallEnd);
+    }
+    g += "call-fn" + std::to_string(k) + " ::= " + grammar::gbnf_literal(head) + " " + prefix + "root " +
+         grammar::gbnf_literal(tail) + "\n";
+    g += prefix_gbnf_rules(arguments_gbnf(fns[k]), prefix);
+    if (!g.ends_with('\n')) g += '\n';
+  }
+  return g;
+}
+}  // namespace
+
 std::string tool_call_gbnf(const nlohmann::ordered_json& tools, ToolFormat format, std::string_view function_name,
                            bool parallel) {
   std::vector<Function> fns = functions_of(tools);
@@ -497,9 +634,12 @@ std::string tool_call_gbnf(const nlohmann::ordered_json& tools, ToolFormat forma
     fns = {*it};
   }
   check(!fns.empty(), "tool calls need at least one function in tools");
+  if (format == ToolFormat::Harmony || format == ToolFormat::DeepSeekR1 || format == ToolFormat::DeepSeekV31)
+    return named_call_gbnf(fns, format, parallel);
   const std::string args_key = format == ToolFormat::Llama3Json ? "parameters" : "arguments";
   std::string g;
   switch (format) {
+    case ToolFormat::Harmony: case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31: break;  // above
     case ToolFormat::Hermes:
       g += parallel ? "root ::= call (tcws call)*\n" : "root ::= call\n";
       g += "call ::= \"<tool_call>\" tcws object tcws \"</tool_call>\"\n";

@@ -3,7 +3,12 @@
 //
 // Formats: Hermes (Qwen2.5's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number
 // of them), Llama 3.x JSON (`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`,
-// several separated by `;`), and Mistral (`[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`).
+// several separated by `;`), Mistral (`[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`), OpenAI's
+// harmony (gpt-oss: a message to a recipient, `<|start|>assistant to=functions.NAME<|channel|>commentary
+// json<|message|>{...}<|call|>`, the recipient also after the channel), and DeepSeek's
+// (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>` as R1 and V3 write
+// it, or `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` as V3.1, inside
+// `<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>`).
 //
 // What parsing accepts besides (recorded examples in tests/data/tool_calls/):
 //  - Hermes: a block without `</tool_call>` (the model stopped after the JSON); several objects in
@@ -25,7 +30,7 @@
 
 namespace serval {
 
-enum class ToolFormat { Hermes, Llama3Json, Mistral };
+enum class ToolFormat { Hermes, Llama3Json, Mistral, Harmony, DeepSeekR1, DeepSeekV31 };
 
 const char* to_string(ToolFormat f);
 

@@ -51,10 +51,12 @@ const std::vector<Case>& cases() {
        "<|channel|>analysis<|message|>User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.<|end|>"
        "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
        "User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.", "2 + 2 = 4."},
+      // A message to a recipient is a tool call: it stays in the answer whole, for the harmony tool parser.
       {"gpt_oss: analysis then a call on the commentary channel", Oss, false,
        "<|channel|>analysis<|message|>Need to use function get_weather.<|end|><|start|>assistant<|channel|>"
        "commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}<|call|>",
-       "Need to use function get_weather.", "{\"location\":\"San Francisco\"}"},
+       "Need to use function get_weather.",
+       "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}<|call|>"},
       {"gpt_oss: analysis cut off by the token limit", Oss, false, "<|channel|>analysis<|message|>Thinking on",
        "Thinking on", ""},
       {"gpt_oss: text that only looks like a marker stays", Oss, false,

@@ -19,6 +19,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 constexpr size_t npos = std::string_view::npos;
 constexpr ToolFormat H = ToolFormat::Hermes, L = ToolFormat::Llama3Json, M = ToolFormat::Mistral;
+constexpr ToolFormat O = ToolFormat::Harmony, D = ToolFormat::DeepSeekR1, V = ToolFormat::DeepSeekV31;
 
 std::string data(const std::string& file) {
   return test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/tool_calls/" + file);
@@ -42,6 +43,8 @@ std::string trimmed(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return std::string(s);
 }
+
+constexpr const char* paris_call() { return R"(get_weather({"city":"Paris"}))"; }
 
 struct Recorded {
   const char* file;
@@ -87,6 +90,19 @@ const Recorded kRecorded[] = {
     {"mistral_common_v13_template.txt", M, "mistral_docs", "",
      R"(get_current_weather({"location":"Paris, France","format":"celsius"}); get_current_weather({"location":"Tokyo, Japan","format":"celsius"}))"},
     {"mistral_constructed_unknown.txt", M, "mistral_docs", "*", ""},
+    {"harmony_openai_docs_call.txt", O, "weather", "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>",
+     R"(get_weather({"city":"San Francisco"}))"},
+    {"harmony_template_two_calls.txt", O, "weather", "I will look both up.<|end|>",
+     R"(get_time({"city":"Sydney"}); get_weather({"city":"Lima"}))"},
+    {"harmony_final_only.txt", O, "weather", "*", ""},
+    {"harmony_unknown_function.txt", O, "weather", "*", ""},
+    {"harmony_openai_docs_call.txt", O, "", "*", ""},
+    {"deepseek_r1_template.txt", D, "weather", "", paris_call()},
+    {"deepseek_v31_template_two_calls.txt", V, "weather", "Let me check.",
+     R"(get_time({"city":"Sydney"}); get_weather({"city":"Lima"}))"},
+    {"deepseek_v31_template_two_calls.txt", D, "weather", "Let me check.",  // the parser reads both spellings
+     R"(get_time({"city":"Sydney"}); get_weather({"city":"Lima"}))"},
+    {"hermes_coder15_fence.txt", O, "weather", "*", ""},
 };
 
 TEST(ToolCallParse, RecordedOutputs) {
@@ -173,8 +189,11 @@ TEST(ToolCallFormat, GuessedFromTemplateSource) {
       {"{{- '<|python_tag|>' + tool_call.name + '.call(' }}", L},
       {"{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary}' }}ipython", L},
       {"{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary}' }}", H},
+      {"{{- \"<|start|>assistant to=\" }}{{- \"functions.\" + tool_call.name + \"<|channel|>commentary \" }}", O},
+      {"{{'<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' }}", D},
+      {"{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] }}", V},
   };
-  for (const auto& [src, want] : cases) EXPECT_EQ(to_string(tool_format_for_template(src)), to_string(want)) << src;
+  for (const auto& [src, want] : cases) EXPECT_EQ(std::string(to_string(tool_format_for_template(src))), to_string(want)) << src;
 }
 
 TEST(ToolCallStart, MarkersAndTheirPrefixes) {
@@ -197,6 +216,10 @@ TEST(ToolCallStart, MarkersAndTheirPrefixes) {
       // Mistral: [TOOL_CALLS], or a reply that opens with an array of objects
       {"[TOOL_CALLS][{", M, 0}, {"Hi [TOOL", M, 3}, {"Okay [TOOL_CALLS]get", M, 5}, {"[", M, 0},
       {"[ {\"name\"", M, 0}, {"[1, 2]", M, npos}, {"Okay", M, npos},
+      // harmony: any message marker (the reasoning parser leaves only calls' headers in the answer)
+      {"It is sunny.", O, npos}, {"Hi <|chan", O, 3}, {"Hi <|start|>assistant to=", O, 3}, {"a < b", O, npos},
+      // DeepSeek: its calls block or a call
+      {"Let me check.<｜tool", D, 13}, {"<｜tool▁call▁begin｜>", V, 0}, {"Fine.", V, npos},
   };
   for (const auto& c : cases) EXPECT_EQ(tool_call_start(c.text, c.format), c.start) << to_string(c.format) << ": " << c.text;
 }
@@ -253,6 +276,16 @@ TEST(ToolCallGbnf, MatchesValidCallsOnlyAndParsesBack) {
       {M, false, R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"town": "Paris"}}])", nullptr},
       {M, true, R"([TOOL_CALLS] [{"name": "get_time", "arguments": {"city": "A"}}, {"name": "get_weather", "arguments": {"city": "Paris"}}])",
        R"(get_time({"city":"A"}); get_weather({"city":"Paris"}))"},
+      {O, false, R"(<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>)", paris},
+      {O, false, R"(<|channel|>commentary to=functions.get_joke <|constrain|>json<|message|>{"city": "Paris"}<|call|>)", nullptr},
+      {O, true, "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"city\": \"A\"}<|call|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+       R"(get_time({"city":"A"}); get_weather({"city":"Paris"}))"},
+      {D, false, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", paris},
+      {D, false, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", nullptr},
+      {V, true, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>"
+                "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": \"A\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       R"(get_weather({"city":"Paris"}); get_time({"city":"A"}))"},
   };
   for (const auto& c : cases) {
     const grammar::Grammar g = grammar::parse_gbnf(tool_call_gbnf(tools("weather"), c.format, "", c.parallel));
