@@ -593,6 +593,9 @@ GenJob parse_generation_request(const json& b, bool chat, const ApiContext& ctx)
   job.params.priority = int32_t(priority);
   speculative_from(b, job);
   constraint_from(b, chat, ctx, job);
+  const bool marker_tools = job.parse_tool_calls && (job.tool_format == ToolFormat::Harmony || job.tool_format == ToolFormat::DeepSeekR1 ||
+                                                     job.tool_format == ToolFormat::DeepSeekV31);
+  job.render_special = chat && (job.reasoning == ReasoningFormat::GptOss || marker_tools);
   adapter_from(b, ctx, job.params);
   return job;
 }

@@ -94,6 +94,9 @@ struct GenJob {
   // prompt ended inside <think> (a template that pre-fills it), so the output starts in the thinking.
   ReasoningFormat reasoning = ReasoningFormat::None;
   bool reasoning_open = false;
+  // The output's control tokens kept as text: the formats whose markers are control tokens (harmony's
+  // <|channel|> ... <|call|>, DeepSeek's tool-call tags) when a parser reads them.
+  bool render_special = false;
   bool messages_api = false;  // answer in the shape of Anthropic's Messages API (chat, one choice)
   // OpenAI's Responses API: the reply's shape, whether the response is stored, the request settings the
   // response object repeats, and the conversation (without instructions) a later request may continue.

@@ -81,7 +81,7 @@ void CompletionRun::submit_all() {
   for (int i = 0; i < job_.n; ++i) {
     GenerationParams p = job_.params;
     p.sampling.seed += uint64_t(i);  // n choices from one seed differ, and repeat with it
-    choices_[i].text = std::make_unique<ChoiceText>(tok, job_.stops);
+    choices_[i].text = std::make_unique<ChoiceText>(tok, job_.stops, job_.render_special);
     if (job_.reasoning != ReasoningFormat::None)
       choices_[i].splitter = std::make_unique<ReasoningSplitter>(job_.reasoning, job_.reasoning_open);
     choices_[i].t_start = now;

@@ -38,7 +38,7 @@ std::string StopMatcher::flush() {
   return out;
 }
 
-std::string ChoiceText::push(int32_t id) { return stop_.push(utf8_.push(tok_.token_to_piece(id))); }
+std::string ChoiceText::push(int32_t id) { return stop_.push(utf8_.push(tok_.token_to_piece(id, render_special_))); }
 
 std::string ChoiceText::finish() {
   std::string tail = stop_.push(utf8_.flush());

@@ -28,7 +28,10 @@ class StopMatcher {
 
 class ChoiceText {
  public:
-  ChoiceText(const Tokenizer& tok, std::vector<std::string> stops) : tok_(tok), stop_(std::move(stops)) {}
+  // render_special: control tokens appear as their text (gpt-oss's harmony markers, which the reasoning
+  // and tool parsers read); otherwise they add nothing, as usual.
+  ChoiceText(const Tokenizer& tok, std::vector<std::string> stops, bool render_special = false)
+      : tok_(tok), stop_(std::move(stops)), render_special_(render_special) {}
   // The text that token `id` makes visible (maybe empty while a character or a stop string is incomplete).
   std::string push(int32_t id);
   std::string finish();
@@ -39,6 +42,7 @@ class ChoiceText {
   const Tokenizer& tok_;
   Utf8StreamDecoder utf8_;
   StopMatcher stop_;
+  bool render_special_ = false;
 };
 
 }  // namespace serval
