@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "base/error.h"
+#include "tensor/dequant.h"
 
 namespace serval {
 

@@ -1596,7 +1596,8 @@ struct MacroNode : Node {
     c.set(name, Value::function([ctx, self](Args& a, Kwargs& k) {
       check(a.size() <= self->params.size(), "chat template: macro '{}' takes {} arguments, got {}", self->name,
             self->params.size(), a.size());
-      for (auto& [key, v] : k) {
+      for (const auto& kv : k) {  // (no structured binding: clang 14 cannot capture one in a lambda)
+        const std::string& key = kv.first;
         const bool known = std::any_of(self->params.begin(), self->params.end(), [&](const auto& p) { return p.first == key; });
         check(known, "chat template: macro '{}' has no argument '{}'", self->name, key);
       }

@@ -92,7 +92,7 @@ def test_request_template_needs_trust(server):
 def test_unsupported_template_is_400():
     s = Server(STORIES, "--trust-request-chat-template")
     try:
-        body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% macro x() %}{% endmacro %}",
+        body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% include 'x.jinja' %}",
                 "max_tokens": 2}
         st, resp, _ = s.post("/v1/chat/completions", body)
         assert_error(st, resp, 400, "unsupported chat template")
