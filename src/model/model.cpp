@@ -155,6 +155,10 @@ void Model::init_yarn() {
 
 void Model::set_context_length(int64_t n_ctx) {
   const auto& c = config_;
+  // The other ranks of a split model loaded with the trained context: their set cannot change here.
+  check(!context_set_ || !c.shard.split() || !c.longrope || (n_ctx > c.rope_orig_ctx) == long_rope_,
+        "LongRoPE's short factors (a context of at most {} tokens) are not available with --tp / --pp", c.rope_orig_ctx);
+  context_set_ = true;
   rope_div_ = weights_.rope_freqs;
   long_rope_ = c.longrope && n_ctx > c.rope_orig_ctx;
   if (c.longrope) rope_div_ = long_rope_ ? weights_.rope_long : weights_.rope_short;

@@ -222,6 +222,7 @@ class Model {
   std::vector<float> rope_div_;     // per pair: the angle is divided by it (Llama 3 factors, LongRoPE's set)
   std::vector<double> yarn_ramp_;   // per pair: YaRN's extrapolation weight
   bool long_rope_ = false;
+  bool context_set_ = false;  // set_context_length has run (at load)
   mutable std::vector<std::atomic<uint64_t>> expert_tokens_;  // [layer][expert], counted by forward
   KCentring k_centring_ = KCentring::QuantizedCaches;
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;

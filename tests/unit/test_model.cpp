@@ -170,6 +170,12 @@ TEST(Model, LongRopeFactorSetFollowsTheContextLength) {
   EXPECT_GT(mean_abs_diff(long_set, all_logits(*m, tokens, 512, DType::F32)), 1e-3);
   m->set_context_length(5);
   EXPECT_EQ(long_set, all_logits(*m, tokens, 512, DType::F32));
+  // A TP rank's share cannot switch sets (its peers loaded the long one): a clear error.
+  LoadOptions split;
+  split.tp = 2;
+  auto share = Model::load(std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/phi3_longrope", split);
+  EXPECT_THROW(share->set_context_length(4), Error);
+  EXPECT_NO_THROW(share->set_context_length(64));
 }
 
 // Qwen's K bias holds outliers (|b| up to 158 on the 0.5B) that a quantized cache spent its range on;

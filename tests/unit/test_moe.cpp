@@ -36,8 +36,10 @@ struct TinyMoe {
   std::vector<OwnedMatrix> owned;
   LayerWeights L;
 
-  TinyMoe(DType type, bool shared, bool norm, uint32_t seed = 7) {
+  TinyMoe(DType type, bool shared, bool norm, uint32_t seed = 7, bool oai = false) {
     c.n_embd = 256, c.n_expert = 6, c.n_expert_used = 2, c.n_ff_exp = 256, c.expert_weights_norm = norm;
+    c.moe_biases = c.swiglu_oai = oai;
+    c.swiglu_limit = 1.5f;  // low enough that the clamps bind
     c.n_ff_shexp = shared ? 256 : 0;
     std::mt19937 rng(seed);
     owned.reserve(64);
@@ -50,6 +52,13 @@ struct TinyMoe {
       L.exp_gate.push_back(add(type, c.n_ff_exp, c.n_embd, 0.2f));
       L.exp_up.push_back(add(type, c.n_ff_exp, c.n_embd, 0.2f));
       L.exp_down.push_back(add(type, c.n_embd, c.n_ff_exp, 0.2f));
+    }
+    if (oai) {  // gpt-oss: router and expert biases
+      std::normal_distribution<float> dist(0.0f, 0.5f);
+      for (auto* v : {&L.router_b, &L.exp_gate_b, &L.exp_up_b, &L.exp_down_b}) {
+        const int64_t n = v == &L.router_b ? c.n_expert : c.n_expert * (v == &L.exp_down_b ? c.n_embd : c.n_ff_exp);
+        for (int64_t i = 0; i < n; ++i) v->push_back(dist(rng));
+      }
     }
     if (shared) {
       L.sh_gate = add(type, c.n_ff_shexp, c.n_embd, 0.2f);
@@ -69,14 +78,29 @@ std::vector<float> random_rows(int64_t n, int64_t d, uint32_t seed) {
   return x;
 }
 
-// SwiGLU of one row with the reference kernels.
-std::vector<double> ref_swiglu(const WeightMatrix& g, const WeightMatrix& u, const WeightMatrix& d, const float* x) {
+// SwiGLU of one row with the reference kernels; with `c` (gpt-oss) the biases of expert `e` and OpenAI's
+// clamped form, (min(g, L) + ...): (clamp(u) + 1) * g * sigmoid(alpha g).
+std::vector<double> ref_swiglu(const WeightMatrix& g, const WeightMatrix& u, const WeightMatrix& d, const float* x,
+                               const TinyMoe* oai = nullptr, int e = 0) {
   std::vector<float> gate(size_t(g.rows)), up(size_t(u.rows)), out(size_t(d.rows));
   ref::matmul(g, x, gate.data(), 1);
   ref::matmul(u, x, up.data(), 1);
-  for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  for (size_t i = 0; i < gate.size(); ++i) {
+    if (!oai) {
+      gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      continue;
+    }
+    const auto& c = oai->c;
+    const double lim = c.swiglu_limit;
+    const double gi = std::min(double(gate[i]) + oai->L.exp_gate_b[size_t(e) * gate.size() + i], lim);
+    const double ui = std::clamp(double(up[i]) + oai->L.exp_up_b[size_t(e) * up.size() + i], -lim, lim);
+    gate[i] = float((ui + 1) * gi / (1 + std::exp(-double(c.swiglu_alpha) * gi)));
+  }
   ref::matmul(d, gate.data(), out.data(), 1);
-  return {out.begin(), out.end()};
+  std::vector<double> y(out.begin(), out.end());
+  if (oai)
+    for (size_t i = 0; i < y.size(); ++i) y[i] += oai->L.exp_down_b[size_t(e) * y.size() + i];
+  return y;
 }
 
 // One token alone: softmax in double, the k largest, renormalized when asked, experts summed.
@@ -85,6 +109,7 @@ std::vector<double> ref_token(const TinyMoe& m, const float* x) {
   std::vector<float> logits(size_t(c.n_expert));
   ref::matmul(m.L.router, x, logits.data(), 1);
   std::vector<double> p(logits.begin(), logits.end());
+  for (size_t i = 0; i < m.L.router_b.size(); ++i) p[i] += m.L.router_b[i];
   const double mx = *std::max_element(p.begin(), p.end());
   double z = 0;
   for (double& v : p) z += (v = std::exp(v - mx));
@@ -98,7 +123,8 @@ std::vector<double> ref_token(const TinyMoe& m, const float* x) {
   for (int j = 0; j < c.n_expert_used; ++j) {
     const int e = order[size_t(j)];
     const double w = c.expert_weights_norm ? p[size_t(e)] / sum : p[size_t(e)];
-    const auto y = ref_swiglu(m.L.exp_gate[size_t(e)], m.L.exp_up[size_t(e)], m.L.exp_down[size_t(e)], x);
+    const auto y = ref_swiglu(m.L.exp_gate[size_t(e)], m.L.exp_up[size_t(e)], m.L.exp_down[size_t(e)], x,
+                              m.c.swiglu_oai ? &m : nullptr, e);
     for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
   }
   if (c.n_ff_shexp > 0) {
@@ -113,12 +139,13 @@ std::vector<double> ref_token(const TinyMoe& m, const float* x) {
 struct MoeCase {
   DType type;
   bool shared, norm;
+  bool oai = false;  // gpt-oss: biases and OpenAI's SwiGLU
 };
 
 class MoeTest : public ::testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeTest, GroupedExecutionMatchesPerTokenReference) {
-  const TinyMoe m(GetParam().type, GetParam().shared, GetParam().norm);
+  const TinyMoe m(GetParam().type, GetParam().shared, GetParam().norm, 7, GetParam().oai);
   // 3 tokens: at most 3 rows per expert, the experts run side by side; 23: one after another.
   for (const int64_t n : {3, 23}) {
   const int64_t d = m.c.n_embd;
@@ -142,7 +169,7 @@ TEST_P(MoeTest, GroupedExecutionMatchesPerTokenReference) {
 
 // A token's row is the same bits whatever else is in the batch and whichever experts the others chose.
 TEST_P(MoeTest, BatchInvariantAcrossCompositions) {
-  const TinyMoe m(GetParam().type, GetParam().shared, GetParam().norm);
+  const TinyMoe m(GetParam().type, GetParam().shared, GetParam().norm, 7, GetParam().oai);
   const int64_t d = m.c.n_embd;
   const auto pool = random_rows(40, d, 5);
   auto run = [&](const std::vector<int>& rows) {
@@ -170,10 +197,11 @@ TEST_P(MoeTest, BatchInvariantAcrossCompositions) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, MoeTest,
                          ::testing::Values(MoeCase{DType::F32, false, true}, MoeCase{DType::Q8_0, false, true},
-                                           MoeCase{DType::Q4_K, true, false}, MoeCase{DType::F16, true, true}),
+                                           MoeCase{DType::Q4_K, true, false}, MoeCase{DType::F16, true, true},
+                                           MoeCase{DType::Q8_0, false, true, true}, MoeCase{DType::MXFP4, false, true, true}),
                          [](const auto& info) {
                            return std::string(dtype_info(info.param.type).name) + (info.param.shared ? "_shared" : "") +
-                                  (info.param.norm ? "_norm" : "");
+                                  (info.param.norm ? "_norm" : "") + (info.param.oai ? "_gptoss" : "");
                          });
 
 // Every token chooses expert 3 first: one group of all the tokens, still each token's own result.
