@@ -16,7 +16,7 @@ import json
 import jinja2
 import pytest
 
-from conftest import CACHE, run
+from conftest import CACHE, ROOT, run
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from test_chat_template import CONVERSATIONS
 
@@ -126,3 +126,27 @@ def test_model_makers_templates_render_as_jinja2(name, tmp_path):
             continue                     # tojson of a generator): nothing to compare; Serval may render
         assert p.returncode == 0, f"{name}: {p.stderr}"
         assert p.stdout == want, f"{name}: {messages} {extra}"
+
+
+def test_gpt_oss_served_with_its_harmony_template():
+    """The tiny gpt-oss served with gpt-oss's own chat template (harmony, from llama.cpp's assets) and the
+    gpt_oss reasoning parser: chat requests with and without tools render server-side (strftime_now,
+    macros, tools as TypeScript namespaces) and complete; the prompt the server built is the one Jinja2
+    renders (checked through /tokenize's count against the tiny vocabulary's encoding of Jinja2's text)."""
+    from server_util import Server
+    template = assets() / "templates" / "openai-gpt-oss-120b.jinja"
+    model = ROOT / "tests" / "data" / "families" / "gpt_oss"
+    server = Server(model, "--chat-template", template, "--reasoning-parser", "gpt_oss", "--kv-cache-dtype", "f32")
+    try:
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        for extra in ({}, {"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "required"}):
+            st, body, _ = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 8, "temperature": 0, **extra})
+            assert st == 200, body
+            assert body["usage"]["prompt_tokens"] > 20 and body["choices"][0]["finish_reason"] in ("length", "stop", "tool_calls")
+        st, body, _ = server.post("/tokenize", {"messages": messages})
+        assert st == 200
+        text = reference_render(template.read_text(), messages, True)
+        st2, want, _ = server.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+        assert st2 == 200 and body["count"] == want["count"], (body["count"], want["count"])
+    finally:
+        server.stop()
