@@ -37,7 +37,7 @@ void run_convert(const ConvertCliOptions& o) {
 }  // namespace
 
 void add_convert(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Mixtral, Qwen2, Qwen3, Qwen2/Qwen3-MoE, OLMoE, Gemma 2, Gemma 3, Phi-3, BERT) or a PEFT LoRA adapter to GGUF");
+  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Mixtral, Qwen2, Qwen3, Qwen2/Qwen3-MoE, OLMoE, gpt-oss, Gemma 2, Gemma 3, Phi-3, BERT) or a PEFT LoRA adapter to GGUF");
   auto o = std::make_shared<ConvertCliOptions>();
   cmd->add_option("hf_dir", o->dir, "directory with config.json, safetensors (or an index and shards), tokenizer.json")
       ->required();
