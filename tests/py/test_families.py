@@ -267,3 +267,21 @@ def test_gpt_oss_openai_mxfp4_checkpoint(converted, tmp_path):
             worst = max(abs(g["logprob"] - w) for g, w in zip(out, row["logprobs"]))
             assert worst <= 6e-3, f"{model}: log-probabilities differ by {worst}"
         assert agree >= 0.9 * total, f"{model}: {agree} of {total} greedy tokens"
+
+
+def test_gpt_oss_mxfp4_blocks_and_scales_that_disagree_are_refused(tmp_path):
+    """A hostile MXFP4 checkpoint: scales whose shape does not match the blocks (one row short), or
+    blocks that are not U8, are refused with an error naming the tensor, never read past their end."""
+    import numpy as np
+    import gpt_oss_mxfp4
+    for damage in ("short scales", "float blocks"):
+        d = gpt_oss_mxfp4.write(tmp_path / damage.replace(" ", "-"))
+        tensors = gpt_oss_mxfp4.read_safetensors(d / "model.safetensors")
+        name = "model.layers.0.mlp.experts.down_proj"
+        if damage == "short scales":
+            tensors[name + "_scales"] = np.ascontiguousarray(tensors[name + "_scales"][:, :-1, :])
+        else:
+            tensors[name + "_blocks"] = tensors[name + "_blocks"].astype(np.float16)
+        gpt_oss_mxfp4.write_safetensors(d / "model.safetensors", tensors)
+        p = run("info", d, check=False)
+        assert p.returncode != 0 and "MXFP4 blocks and scales" in p.stderr and "Traceback" not in p.stderr, damage
