@@ -9,41 +9,14 @@ are rounded by the PyPI `gguf` package's MXFP4 quantizer; numpy only, so the tes
 import json
 import pathlib
 import shutil
-import struct
 import sys
 
 import numpy as np
 import gguf.quants
 from gguf.constants import GGMLQuantizationType as T
+from safetensors_np import read_safetensors, write_safetensors  # noqa: F401 (the tests use them from here too)
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "data" / "families" / "gpt_oss"
-DTYPES = {"F16": np.float16, "F32": np.float32, "U8": np.uint8}
-
-
-def read_safetensors(path):
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        dtype = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32", np.dtype(np.uint8): "U8"}[a.dtype]
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
-        blobs.append(a.tobytes())
-        off += a.nbytes
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def openai_mxfp4(w):

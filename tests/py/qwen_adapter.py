@@ -9,9 +9,9 @@ wrong q_proj to show), one numpy generator per tensor seeded by its index.
 """
 import json
 import pathlib
-import struct
 
 import numpy as np
+from safetensors_np import write_safetensors
 
 RANK, ALPHA, LAYERS = 8, 16, 24
 EMBD, KV_DIM, FF = 896, 128, 4864
@@ -21,19 +21,14 @@ MODULES = {"self_attn.q_proj": (EMBD, EMBD, 0.075), "self_attn.v_proj": (KV_DIM,
 
 def write_adapter(out: pathlib.Path) -> pathlib.Path:
     out.mkdir(parents=True, exist_ok=True)
-    header, blobs, offset, index = {}, [], 0, 0
+    tensors, index = {}, 0
     for layer in range(LAYERS):
         for module, (n_out, n_in, std) in MODULES.items():
             for part, shape in (("lora_A", (RANK, n_in)), ("lora_B", (n_out, RANK))):
-                data = np.random.default_rng(index).normal(0, std, shape).astype(np.float16).tobytes()
-                index += 1
                 name = f"base_model.model.model.layers.{layer}.{module}.{part}.weight"
-                header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
-                blobs.append(data)
-                offset += len(data)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    (out / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+                tensors[name] = np.random.default_rng(index).normal(0, std, shape).astype(np.float16)
+                index += 1
+    write_safetensors(out / "adapter_model.safetensors", tensors)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": ALPHA, "lora_dropout": 0.0,
               "bias": "none", "target_modules": sorted(m.split(".")[1] for m in MODULES)}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -4,7 +4,6 @@ here with numpy, and through the real server: adapters chosen per request, mixed
 import json
 import math
 import shutil
-import struct
 import threading
 import time
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA, MODELS, run
+from safetensors_np import read_safetensors, write_safetensors
 from server_util import Server
 
 LORA = DATA / "lora"
@@ -59,30 +59,10 @@ def test_gguf_base_and_gguf_adapter_equal_peft(name, gguf_base, tmp_path):
     assert worst(score(BASE, row, "--lora", adapter), row["logprobs"]) <= TOL  # GGUF adapter on the HF base
 
 
-def read_safetensors(path):
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        assert info["dtype"] == "F32"
-        a, b = info["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(info["shape"])
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = np.ascontiguousarray(t, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+def read_f32(path):
+    tensors = read_safetensors(path)
+    assert all(t.dtype == np.float32 for t in tensors.values())
+    return tensors
 
 
 def test_equals_merged_weights_computed_with_numpy(tmp_path):
@@ -90,8 +70,8 @@ def test_equals_merged_weights_computed_with_numpy(tmp_path):
     name = "stories-a"
     cfg = json.loads((LORA / name / "adapter_config.json").read_text())
     factor = cfg["lora_alpha"] / cfg["r"]
-    weights = read_safetensors(BASE / "model.safetensors")
-    adapter = read_safetensors(LORA / name / "adapter_model.safetensors")
+    weights = read_f32(BASE / "model.safetensors")
+    adapter = read_f32(LORA / name / "adapter_model.safetensors")
     for key, a in adapter.items():
         if ".lora_A." not in key:
             continue

@@ -167,16 +167,7 @@ def main():
     if only_scaled:
         reference = json.loads((HERE / "reference.json").read_text())
     for name, model in ({} if only_scaled else families(tok.vocab_size)).items():
-        model.eval()
-        for p in model.parameters():
-            torch.nn.init.normal_(p, std=0.2)
-        model = model.half()  # stored as F16; the reference runs in F32 on the same values
-        d = HERE / name
-        d.mkdir(exist_ok=True)
-        model.save_pretrained(d, safe_serialization=True)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            (d / f).write_bytes((STORIES / f).read_bytes())
-        reference[name] = record(model.float(), tok)
+        save(name, model, tok, reference)
     for group, (seed, make) in {"scaled": (42, scaled_families), "gpt_oss": (43, gpt_oss_family)}.items():
         if only not in (None, group):
             continue
