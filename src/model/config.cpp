@@ -286,7 +286,7 @@ void read_rope_set(const nlohmann::json& set, const RopeShape& shape, const std:
   read_rope_scaling(set, t.get<std::string>(), shape, theta, path, r);
 }
 
-RopeShape rope_shape(const nlohmann::json& j, const std::string& path) {
+RopeShape rope_shape(const nlohmann::json& j) {
   RopeShape s;
   const int64_t heads = j.contains("num_attention_heads") && j["num_attention_heads"].is_number_integer() ? j["num_attention_heads"].get<int64_t>() : 0;
   const int64_t hidden = j.contains("hidden_size") && j["hidden_size"].is_number_integer() ? j["hidden_size"].get<int64_t>() : 0;
@@ -297,14 +297,13 @@ RopeShape rope_shape(const nlohmann::json& j, const std::string& path) {
   s.max_pos = j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer() ? j["max_position_embeddings"].get<int64_t>() : 2048;
   if (j.contains("original_max_position_embeddings") && j["original_max_position_embeddings"].is_number_integer())
     s.orig_top = j["original_max_position_embeddings"].get<int64_t>();
-  (void)path;
   return s;
 }
 }  // namespace
 
 HfRope hf_rope(const nlohmann::json& j, const std::string& path) {
   HfRope r;
-  const RopeShape shape = rope_shape(j, path);
+  const RopeShape shape = rope_shape(j);
   if (j.contains("rope_theta") && !j["rope_theta"].is_null()) {
     check(j["rope_theta"].is_number(), "{}: 'rope_theta' must be a number", path);
     r.theta = j["rope_theta"].get<float>();
