@@ -48,16 +48,31 @@ void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMa
   add_row_bias(y, bias.down, m, down_w.rows);
 }
 
-// out[t] += sigmoid(gate . h[t]) * SwiGLU_shared(h[t]) (Qwen2-MoE's shared expert).
+// out[t] += sigmoid(gate . h[t]) * SwiGLU_shared(h[t]) (Qwen2-MoE's shared expert; DeepSeek's have no
+// gate: added as they are).
 void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out) {
   std::vector<float> y(size_t(n_tok * c.n_embd));
   expert_ffn(c, L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data());
   parallel_for(n_tok, [&](int64_t t) {
-    const float g = 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
+    const float g = L.sh_router.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
     float* o = out + t * c.n_embd;
     const float* s = y.data() + t * c.n_embd;
     for (int64_t i = 0; i < c.n_embd; ++i) o[i] += g * s[i];
   });
+}
+
+// Group-limited greedy routing (DeepSeek-V2): the experts split into expert_groups groups in index
+// order, each scored by its best expert's probability; the experts of all but the expert_groups_used
+// best groups (ties: the lower group) get probability 0, so the top k come from those groups only.
+void drop_groups(const ModelConfig& c, std::vector<float>& p) {
+  const int64_t n_groups = c.expert_groups, per = c.n_expert / n_groups;
+  std::vector<float> best(static_cast<size_t>(n_groups));
+  std::vector<int64_t> order(static_cast<size_t>(n_groups));
+  for (int64_t g = 0; g < n_groups; ++g) best[size_t(g)] = *std::max_element(p.begin() + g * per, p.begin() + (g + 1) * per);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return best[size_t(a)] > best[size_t(b)]; });
+  for (size_t i = size_t(c.expert_groups_used); i < order.size(); ++i)
+    std::fill(p.begin() + order[i] * per, p.begin() + (order[i] + 1) * per, 0.0f);
 }
 
 }  // namespace
@@ -72,6 +87,7 @@ MoeRouting route_tokens(const ModelConfig& c, const float* logits, int64_t n_tok
   for (int64_t t = 0; t < n_tok; ++t) {
     std::copy(logits + t * c.n_expert, logits + (t + 1) * c.n_expert, p.begin());
     softmax_inplace(p.data(), c.n_expert);
+    if (c.expert_groups > 0) drop_groups(c, p);
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + r.k, order.end(),
                       [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b); });
@@ -80,7 +96,7 @@ MoeRouting route_tokens(const ModelConfig& c, const float* logits, int64_t n_tok
     for (int64_t j = 0; j < r.k; ++j) {
       const float w = p[size_t(order[size_t(j)])];
       r.expert[size_t(t * r.k + j)] = order[size_t(j)];
-      r.weight[size_t(t * r.k + j)] = c.expert_weights_norm ? w / sum : w;
+      r.weight[size_t(t * r.k + j)] = (c.expert_weights_norm ? w / sum : w) * c.expert_weights_scale;
     }
   }
   return r;

@@ -20,7 +20,8 @@ struct MoeRouting {
 };
 
 // Softmax over the n_expert router logits of each token ([n_tok][n_expert]), the k most probable
-// experts, their probabilities renormalized to sum to 1 when config.expert_weights_norm.
+// experts (group-limited when config.expert_groups), their probabilities renormalized to sum to 1
+// when config.expert_weights_norm, then times config.expert_weights_scale.
 MoeRouting route_tokens(const ModelConfig& config, const float* logits, int64_t n_tok);
 
 // out[n_tok][n_embd] = the MoE FFN of the normed rows h[n_tok][n_embd] (routed experts plus the

@@ -241,5 +241,28 @@ TEST(Moe, RoutingOrderTiesAndWeights) {
   EXPECT_NEAR(r.weight[3], 1.0 / 3, 1e-6);
 }
 
+TEST(Moe, GroupLimitedRoutingAndScale) {
+  // DeepSeek-V2's group-limited greedy: 6 experts in 3 groups {0,1} {2,3} {4,5}, each scored by its
+  // best expert; only the best group's experts compete here. Token 0: expert 0 is the second most
+  // probable overall, but its group loses to {2,3}, so expert 3 (logit 0) is taken instead. Token 1:
+  // groups {0,1} and {4,5} tie; the lower one wins.
+  ModelConfig c;
+  c.n_expert = 6, c.n_expert_used = 2, c.expert_groups = 3, c.expert_groups_used = 1, c.expert_weights_scale = 2.5f;
+  const std::vector<float> logits = {2.9f, 2.8f, 3.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f, 0.5f, 0.0f, 1.0f, 0.0f};
+  auto r = route_tokens(c, logits.data(), 2);
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{2, 3, 0, 1}));
+  double z = 0;
+  for (int i = 0; i < 6; ++i) z += std::exp(double(logits[size_t(i)]));
+  EXPECT_NEAR(r.weight[0], 2.5 * std::exp(3.0) / z, 1e-6);  // the probability over all experts, times the scale
+  EXPECT_NEAR(r.weight[1], 2.5 * 1.0 / z, 1e-6);
+  c.expert_groups_used = 2;  // {2,3} and {0,1}: expert 0 competes again
+  r = route_tokens(c, logits.data(), 1);
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{2, 0}));
+  c.expert_groups = 0;  // plain greedy
+  c.n_expert_used = 3;
+  r = route_tokens(c, logits.data(), 2);
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{2, 0, 1, 0, 4, 2}));
+}
+
 }  // namespace
 }  // namespace serval
