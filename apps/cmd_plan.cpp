@@ -64,7 +64,7 @@ void print_ranks_estimated(const PlanOptions& o, const PlanInput& in, const Plan
   for (int stage = 0; stage < o.pp; ++stage) {
     const int64_t first = stage * in.n_layers / o.pp, end = (stage + 1) * in.n_layers / o.pp;
     const double w = double(r.weight_bytes) * double(end - first) / double(in.n_layers) / o.tp;
-    const uint64_t kv_tok = uint64_t(std::llround(2.0 * double(end - first) * double(kv_heads * in.d_head) * in.kv_dtype_bytes));
+    const uint64_t kv_tok = uint64_t(std::llround(double(in.kv_rows) * double(end - first) * double(kv_heads * in.d_head) * in.kv_dtype_bytes));
     const uint64_t kv_seq = kv_tok * uint64_t(in.context);
     const uint64_t fit = double(in.memory_bytes) > w && kv_seq ? uint64_t((double(in.memory_bytes) - w) / double(kv_seq)) : 0;
     fmt::print("| {} | {}-{} | {} | {} | {} | {} | {} |\n", stage, first, end - 1, human(w), kv_heads, human(double(kv_tok)),
@@ -79,11 +79,11 @@ void run_plan(const PlanOptions& o) {
     auto m = Model::load(resolve_model_path(o.model));
     const auto& c = m->config();
     in.name = o.model;
-    in.n_layers = c.n_layer, in.n_kv_heads = c.n_head_kv, in.d_head = c.d_head;
+    in.n_layers = c.n_layer, in.n_kv_heads = c.n_head_kv, in.d_head = c.d_head, in.kv_rows = c.kv_rows();
     in.weight_bytes = m->weights().weight_bytes;
   } else if (!o.preset.empty()) {
     check(plan_preset(o.preset, in), "unknown preset '{}' (llama3-8b, llama3-70b, llama3-405b, llama2-7b, qwen2.5-0.5b, "
-          "qwen2.5-1.5b, qwen2.5-7b, gemma3-270m, mistral-7b, qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, olmoe-1b-7b, qwen1.5-moe-a2.7b)", o.preset);
+          "qwen2.5-1.5b, qwen2.5-7b, gemma3-270m, mistral-7b, qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, olmoe-1b-7b, qwen1.5-moe-a2.7b, deepseek-v2-lite, deepseek-v2)", o.preset);
   }
   if (o.params > 0) in.n_params = o.params, in.weight_bytes.reset();
   if (o.weight_bits > 0) {
@@ -108,8 +108,12 @@ void run_plan(const PlanOptions& o) {
   }
   fmt::print("model:                 {}\n", in.name.empty() ? "(from flags)" : in.name);
   fmt::print("weights:               {} ({} bytes)\n", human(double(r.weight_bytes)), r.weight_bytes);
-  fmt::print("KV per token:          {} (2 x {} layers x {} KV heads x {} d_head x {} bytes)\n",
-             human(double(r.kv_bytes_per_token)), in.n_layers, in.n_kv_heads, in.d_head, in.kv_dtype_bytes);
+  if (in.kv_rows == 1)
+    fmt::print("KV per token:          {} ({} layers x {} latent + rotary key values x {} bytes: MLA)\n",
+               human(double(r.kv_bytes_per_token)), in.n_layers, in.n_kv_heads * in.d_head, in.kv_dtype_bytes);
+  else
+    fmt::print("KV per token:          {} (2 x {} layers x {} KV heads x {} d_head x {} bytes)\n",
+               human(double(r.kv_bytes_per_token)), in.n_layers, in.n_kv_heads, in.d_head, in.kv_dtype_bytes);
   fmt::print("KV per sequence:       {} at {} tokens\n", human(double(r.kv_bytes_per_sequence)), in.context);
   fmt::print("device memory:         {}\n", human(double(in.memory_bytes)));
   if (!r.weights_fit) fmt::print("weights do not fit in the device memory\n");

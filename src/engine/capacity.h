@@ -1,5 +1,6 @@
 // Capacity planning: weight bytes, KV bytes per token and per sequence, and how many sequences fit
-// in a device's memory. KV_bytes = 2 x n_layers x n_kv_heads x d_head x seq_len x dtype_bytes.
+// in a device's memory. KV_bytes = 2 x n_layers x n_kv_heads x d_head x seq_len x dtype_bytes; with
+// multi-head latent attention (DeepSeek-V2) one row per layer: n_layers x (kv_lora_rank + rope dims) x ...
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -15,6 +16,7 @@ struct PlanInput {
   double weight_bits = 16;  // bits per weight
   std::optional<uint64_t> weight_bytes;  // measured from a file; overrides n_params x bits
   int64_t n_layers = 0, n_kv_heads = 0, d_head = 0;
+  int64_t kv_rows = 2;        // K and V; 1 with MLA (one latent row per token and layer, d_head its width)
   int64_t context = 8192;     // tokens per sequence
   double kv_dtype_bytes = 2;  // f16/bf16 2, fp8/int8 1, f32 4
   uint64_t memory_bytes = 0;  // device memory

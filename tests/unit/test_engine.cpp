@@ -498,6 +498,16 @@ TEST(RealModelEngine, QuantizedKvBatchInvarianceAndPrefixCaching) {
   }
 }
 
+TEST(Capacity, LatentAttentionKeepsOneRowPerLayer) {
+  // DeepSeek-V2-Lite: 27 layers x (512 latent + 64 rotated key values) x 2 bytes, not 2 x layers x heads x d_head.
+  PlanInput in;
+  ASSERT_TRUE(plan_preset("deepseek-v2-lite", in));
+  EXPECT_EQ(in.kv_rows, 1);
+  EXPECT_EQ(plan_capacity(in).kv_bytes_per_token, 27u * (512 + 64) * 2);
+  in.kv_rows = 3;
+  EXPECT_THROW(plan_capacity(in), Error);
+}
+
 TEST(Capacity, ReproducesTheSeedFigures) {
   const double GiB = 1024.0 * 1024 * 1024;
   PlanInput in;
