@@ -45,16 +45,17 @@ void print_info(const std::string& path) {
   if (w.output.data != w.tok_embd.data) count(w.output);
   uint64_t idle_expert_params = 0;  // per token: the experts a token does not run
   for (const auto& L : w.layers) {
-    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down})
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down,
+                          &L.wq_a, &L.wq_b, &L.wkv_a})
       count(*m);
-    for (const auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down})
+    for (const auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down, &L.wk_b, &L.wv_b})
       for (const auto& m : *experts) count(m);
     if (!L.exp_gate.empty())
       idle_expert_params += uint64_t(c.n_expert - c.n_expert_used) * 3 * uint64_t(c.n_ff_exp) * uint64_t(c.n_embd);
     n_params += L.sh_router.size() + L.bo.size() + L.sinks.size() + L.router_b.size() + L.exp_gate_b.size() +
                 L.exp_up_b.size() + L.exp_down_b.size();
     n_params += L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
-                L.k_norm.size() + L.post_attn_norm.size() + L.post_ffn_norm.size();
+                L.k_norm.size() + L.post_attn_norm.size() + L.post_ffn_norm.size() + L.q_a_norm.size() + L.kv_a_norm.size();
   }
   n_params += w.output_norm.size();
   fmt::print("file:               {}\n", path);
@@ -79,8 +80,15 @@ void print_info(const std::string& path) {
   for (const auto& [name, n] : types) fmt::print(" {} x{}", name, n);
   fmt::print("\n");
   fmt::print("weight memory:      {} bytes ({:.1f} MiB)\n", w.weight_bytes, w.weight_bytes / 1048576.0);
-  fmt::print("KV bytes per token: {} (F16: 2 x {} layers x {} kv heads x {} d_head x 2 bytes); F32: {}\n",
-             c.kv_bytes_per_token(2), c.n_layer, c.n_head_kv, c.d_head, c.kv_bytes_per_token(4));
+  if (c.mla) {
+    fmt::print("latent attention:   kv_lora_rank {}, q_lora_rank {}, per head {} + {} query/key values, {} values\n",
+               c.kv_lora_rank, c.q_lora_rank, c.qk_nope_dim, c.qk_rope_dim, c.v_head_dim);
+    fmt::print("KV bytes per token: {} (F16: {} layers x ({} latent + {} rotated key) x 2 bytes: MLA); F32: {}\n",
+               c.kv_bytes_per_token(2), c.n_layer, c.kv_lora_rank, c.qk_rope_dim, c.kv_bytes_per_token(4));
+  } else {
+    fmt::print("KV bytes per token: {} (F16: 2 x {} layers x {} kv heads x {} d_head x 2 bytes); F32: {}\n",
+               c.kv_bytes_per_token(2), c.n_layer, c.n_head_kv, c.d_head, c.kv_bytes_per_token(4));
+  }
   const auto& v = model->tokenizer().vocab();
   fmt::print("tokenizer:          {} ({} tokens, BOS {}, EOS {}, add BOS {})\n",
              v.kind == TokenizerKind::Spm ? "sentencepiece" : v.kind == TokenizerKind::ByteLevelBpe ? "byte-level BPE" : "BPE",

@@ -42,9 +42,9 @@ uint64_t kv_budget_from_string(const std::string& text) {
 
 std::string KvCapacity::describe(int64_t max_model_len) const {
   return fmt::format(
-      "KV cache{}: {}, {} bytes per token (2 x layers x kv heads x d_head x dtype bytes), {} blocks of {} tokens "
+      "KV cache{}: {}, {} bytes per token ({}), {} blocks of {} tokens "
       "= {} tokens, {:.1f} MiB; {:.2f} sequences of the full context ({} tokens) fit",
-      ranks > 1 ? fmt::format(" (each of {} ranks; the largest share)", ranks) : "", dtype, bytes_per_token, num_blocks, block_size, tokens, double(bytes) / 1048576.0, full_context_sequences, max_model_len);
+      ranks > 1 ? fmt::format(" (each of {} ranks; the largest share)", ranks) : "", dtype, bytes_per_token, formula, num_blocks, block_size, tokens, double(bytes) / 1048576.0, full_context_sequences, max_model_len);
 }
 
 namespace {
@@ -70,6 +70,9 @@ Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_
   max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, c.n_ctx_train) : c.n_ctx_train;
   const double dtype_bytes = bytes_per_elem(config_.kv_type);
   capacity_.bytes_per_token = rank_kv_bytes_per_token(c, dtype_bytes);
+  if (c.mla)
+    capacity_.formula = fmt::format("MLA: {} layers x ({} latent + {} rotated key values) x dtype bytes", c.n_layer,
+                                    c.kv_lora_rank, c.qk_rope_dim);
   capacity_.dtype = kv_cache_type_name(config_.kv_type);
   capacity_.ranks = c.shard.tp * c.shard.pp;
   capacity_.block_size = config_.block_size;

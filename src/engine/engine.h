@@ -46,7 +46,7 @@ struct EngineStats {
 
 // How the KV cache is laid out, printed at start-up.
 struct KvCapacity {
-  int64_t bytes_per_token = 0;  // 2 x n_layers x n_kv_heads x d_head x dtype_bytes (of one rank when split)
+  int64_t bytes_per_token = 0;  // `formula` (2 x n_layers x n_kv_heads x d_head x dtype_bytes; MLA one row) of one rank when split
   int ranks = 1;                // ranks of a split model, each holding this much
   int32_t num_blocks = 0;       // per KV group
   int32_t block_size = 0;
@@ -54,6 +54,7 @@ struct KvCapacity {
   uint64_t bytes = 0;
   double full_context_sequences = 0;  // sequences of max_model_len that fit
   std::string dtype = "f16";          // the cache type's command-line name
+  std::string formula = "2 x layers x kv heads x d_head x dtype bytes";  // of bytes_per_token, per architecture
   std::string describe(int64_t max_model_len) const;
 };
 

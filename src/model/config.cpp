@@ -54,6 +54,20 @@ void ModelConfig::validate(const std::string& src) const {
           "{}: {} experts with {} used per token is not a valid mixture of experts", src, n_expert, n_expert_used);
     check(n_ff_exp > 0 && n_ff_exp <= (1 << 22) && n_ff_shexp >= 0 && n_ff_shexp <= (1 << 22),
           "{}: expert FFN width {} (shared {}) out of range", src, n_ff_exp, n_ff_shexp);
+    check(std::isfinite(expert_weights_scale) && expert_weights_scale > 0, "{}: the routed experts' scale must be positive", src);
+    check(expert_groups == 0 || (expert_groups > 0 && n_expert % expert_groups == 0 && expert_groups_used >= 1 &&
+                                 expert_groups_used <= expert_groups &&
+                                 n_expert_used <= expert_groups_used * (n_expert / expert_groups)),
+          "{}: {} expert groups with {} used cannot hold {} of {} experts", src, expert_groups, expert_groups_used,
+          n_expert_used, n_expert);
+  }
+  if (mla) {
+    check(kv_lora_rank > 0 && qk_nope_dim > 0 && qk_rope_dim > 0 && qk_rope_dim % 2 == 0 && v_head_dim > 0 &&
+              q_lora_rank >= 0 && kv_lora_rank + qk_rope_dim <= 4096 && qk_nope_dim <= 4096 && v_head_dim <= 4096 &&
+              q_lora_rank <= (1 << 20),
+          "{}: latent attention dimensions out of range (kv_lora_rank {}, q_lora_rank {}, qk_nope {}, qk_rope {}, v_head {})",
+          src, kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim);
+    check(n_head_kv == 1 && d_head == kv_lora_rank + qk_rope_dim && n_rot == qk_rope_dim, "{}: internal: MLA cache shape", src);
   }
 }
 
@@ -63,6 +77,17 @@ void set_gpt_oss(ModelConfig& c) {
   c.attn_bias = c.attn_out_bias = c.attn_sinks = c.moe_biases = c.swiglu_oai = true;
   c.expert_weights_norm = true;  // softmax over the chosen logits
   c.layer_is_moe.assign(size_t(c.n_layer), 1);
+}
+
+// Multi-head latent attention's cache shape (ModelConfig::mla): one row of the latent and the rotated
+// key per token, attended by every head; DeepSeek rotates interleaved pairs (no permutation in
+// llama.cpp's converter; transformers' complex form).
+void set_mla_shape(ModelConfig& c) {
+  c.mla = true;
+  c.n_head_kv = 1;
+  c.d_head = c.kv_lora_rank + c.qk_rope_dim;
+  c.n_rot = c.qk_rope_dim;
+  c.rope_style = RopeStyle::Interleaved;
 }
 
 // rope.scaling.*: linear (positions divided by the factor), yarn (factor, original context, betas,
@@ -96,10 +121,39 @@ void read_gguf_rope_scaling(const GgufFile& g, const std::string& a, ModelConfig
 }
 }  // namespace
 
+namespace {
+// deepseek2 as llama.cpp writes it: the MLA ranks; the query/key and value head sizes in key_length /
+// value_length (or, in files of llama.cpp's later split-kv_b layout, key_length_mla / value_length_mla);
+// the shared experts as a count of expert widths; the routed scale and groups. llama.cpp's YaRN for
+// deepseek2: cos and sin keep attn_factor alone, the softmax scale is
+// (attn_factor (1 + yarn_log_multiplier ln factor))^2 / sqrt(key_length).
+void read_gguf_deepseek2(const GgufFile& g, const std::string& a, ModelConfig& c) {
+  c.q_lora_rank = g.find_int(a + "attention.q_lora_rank").value_or(0);
+  c.kv_lora_rank = g.get_int(a + "attention.kv_lora_rank");
+  c.qk_rope_dim = g.get_int(a + "rope.dimension_count");
+  const auto k_mla = g.find_int(a + "attention.key_length_mla"), v_mla = g.find_int(a + "attention.value_length_mla");
+  const int64_t k_len = k_mla ? *k_mla : g.get_int(a + "attention.key_length");
+  c.v_head_dim = v_mla ? *v_mla : g.get_int(a + "attention.value_length");
+  c.qk_nope_dim = k_len - c.qk_rope_dim;
+  if (auto f = g.find_int(a + "expert_gating_func"))
+    check(*f == 1, "{}: expert gating function {} is not supported (softmax only: DeepSeek-V3's sigmoid is not)", g.path(), *f);
+  c.n_ff_shexp = g.find_int(a + "expert_shared_count").value_or(0) * c.n_ff_exp;
+  c.expert_weights_scale = float(g.find_float(a + "expert_weights_scale").value_or(1.0));
+  c.expert_groups = g.find_int(a + "expert_group_count").value_or(0);
+  c.expert_groups_used = g.find_int(a + "expert_group_used_count").value_or(0);
+  const double mult = g.find_float(a + "rope.scaling.attn_factor").value_or(1.0);
+  const double log_mul = g.find_float(a + "rope.scaling.yarn_log_multiplier").value_or(0.0);
+  const double mscale = mult * (c.yarn_factor > 0 ? 1.0 + log_mul * std::log(double(c.yarn_factor)) : 1.0);
+  c.rope_attn_factor = float(mult);
+  c.attn_scale = float(mscale * mscale / std::sqrt(double(std::max<int64_t>(k_len, 1))));
+  set_mla_shape(c);
+}
+}  // namespace
+
 ModelConfig config_from_gguf(const GgufFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
-  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "phi3", "gpt-oss"};
+  static const std::set<std::string> supported = {"llama", "qwen2", "gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "olmoe", "phi3", "gpt-oss", "deepseek2"};
   if (!supported.count(c.arch))
     fail("{}: unsupported architecture '{}' (supported: {})", g.path(), c.arch, fmt::join(supported, ", "));
   const std::string a = c.arch + ".";
@@ -110,7 +164,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   c.n_ff = g.get_int(a + "feed_forward_length");
   c.n_ctx_train = g.find_int(a + "context_length").value_or(2048);
   c.d_head = g.find_int(a + "attention.key_length").value_or(c.n_head > 0 ? c.n_embd / c.n_head : 0);
-  if (auto vl = g.find_int(a + "attention.value_length"))
+  if (auto vl = g.find_int(a + "attention.value_length"); vl && c.arch != "deepseek2")
     check(*vl == c.d_head, "{}: value_length {} differs from key_length {} (unsupported)", g.path(), *vl, c.d_head);
   c.norm_eps = static_cast<float>(g.find_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_base = static_cast<float>(g.find_float(a + "rope.freq_base").value_or(10000.0));
@@ -167,6 +221,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.sliding_window = g.find_int(a + "attention.sliding_window").value_or(0);
     for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
   }
+  if (c.arch == "deepseek2") read_gguf_deepseek2(g, a, c);
   c.validate(g.path());
   return c;
 }
@@ -431,6 +486,47 @@ void read_hf_gemma(const nlohmann::json& j, const std::string& path, ModelConfig
 }
 }  // namespace
 
+namespace {
+// DeepSeek-V2's config.json: the MLA ranks (q_lora_rank null: an uncompressed query), experts after
+// the first first_k_dense_replace layers (every moe_layer_freq-th), the shared experts, the routed
+// scale and the routing method; YaRN's mscale_all_dim also scales the softmax (transformers'
+// yarn_apply_mscale). Only softmax scoring without a correction bias (V2, not V3) is supported.
+void read_hf_deepseek2(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
+  check(!j.value("attention_bias", false), "{}: DeepSeek-V2 with attention biases is not supported", path);
+  check(j.value("scoring_func", "softmax") == "softmax", "{}: expert scoring '{}' is not supported (softmax only)", path,
+        j.value("scoring_func", ""));
+  c.q_lora_rank = json_int_or(j, "q_lora_rank", 0, path);
+  c.kv_lora_rank = json_int(j, "kv_lora_rank", path);
+  c.qk_nope_dim = json_int(j, "qk_nope_head_dim", path);
+  c.qk_rope_dim = json_int(j, "qk_rope_head_dim", path);
+  c.v_head_dim = json_int(j, "v_head_dim", path);
+  c.n_expert = json_int(j, "n_routed_experts", path);
+  c.n_expert_used = json_int(j, "num_experts_per_tok", path);
+  c.n_ff_exp = json_int(j, "moe_intermediate_size", path);
+  c.n_ff_shexp = json_int_or(j, "n_shared_experts", 0, path) * c.n_ff_exp;
+  c.expert_weights_norm = j.value("norm_topk_prob", false);
+  c.expert_weights_scale = float(rope_number(j, "routed_scaling_factor", 1.0, path));
+  const std::string method = j.value("topk_method", "greedy");
+  check(method == "greedy" || method == "group_limited_greedy", "{}: topk_method '{}' is not supported (greedy, group_limited_greedy)", path, method);
+  if (method == "group_limited_greedy") {
+    c.expert_groups = json_int(j, "n_group", path);
+    c.expert_groups_used = json_int(j, "topk_group", path);
+  }
+  const int64_t first_moe = json_int_or(j, "first_k_dense_replace", 0, path), freq = json_int_or(j, "moe_layer_freq", 1, path);
+  check(first_moe >= 0 && freq >= 1, "{}: first_k_dense_replace and moe_layer_freq out of range", path);
+  c.layer_is_moe.assign(size_t(c.n_layer), 0);
+  for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_moe[size_t(il)] = c.n_expert > 0 && il >= first_moe && il % freq == 0;
+  const auto& set = j.contains("rope_parameters") ? j["rope_parameters"] : j.value("rope_scaling", nlohmann::json());
+  double mscale = 1.0;
+  if (set.is_object() && set.value("rope_type", set.value("type", "default")) != "default") {
+    const double m_all = rope_number(set, "mscale_all_dim", 0, path);
+    if (m_all != 0) mscale = yarn_mscale(rope_number(set, "factor", 1.0, path), m_all);
+  }
+  c.attn_scale = float(mscale * mscale / std::sqrt(double(c.qk_nope_dim + c.qk_rope_dim)));
+  set_mla_shape(c);
+}
+}  // namespace
+
 ModelConfig config_from_hf(const std::string& path) {
   nlohmann::json j;
   try {
@@ -443,9 +539,10 @@ ModelConfig config_from_hf(const std::string& path) {
     const std::string type = j.value("model_type", "");
     static const std::map<std::string, std::string> archs = {{"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
         {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}, {"olmoe", "olmoe"}, {"mixtral", "llama"},
-        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}, {"gpt_oss", "gpt-oss"}};
+        {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}, {"gpt_oss", "gpt-oss"},
+        {"deepseek_v2", "deepseek2"}};
     const auto arch = archs.find(type);
-    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text, phi3, gpt_oss)", path, type);
+    check(arch != archs.end(), "{}: unsupported model_type '{}' (llama, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe, olmoe, gemma2, gemma3_text, phi3, gpt_oss, deepseek_v2)", path, type);
     c.arch = arch->second;
     c.n_embd = json_int(j, "hidden_size", path);
     c.n_layer = json_int(j, "num_hidden_layers", path);
@@ -485,6 +582,13 @@ ModelConfig config_from_hf(const std::string& path) {
     for (int64_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = c.sliding_window > 0;
   }
   if (c.arch == "gpt-oss") read_hf_gpt_oss(j, path, c);
+  if (c.arch == "deepseek2") {
+    try {
+      read_hf_deepseek2(j, path, c);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: missing or mistyped field: {}", path, e.what());
+    }
+  }
   c.validate(path);
   return c;
 }

@@ -72,16 +72,34 @@ struct ModelConfig {
   bool expert_weights_norm = false;
   std::vector<uint8_t> layer_is_moe;
   bool is_moe() const { return n_expert > 0; }
+  // DeepSeek-V2's routing: the chosen probabilities times expert_weights_scale (routed_scaling_factor);
+  // expert_groups > 0: group-limited greedy, the experts of the expert_groups_used groups with the best
+  // single expert compete, the others are dropped. A shared expert without a gate vector (sh_router
+  // empty in the weights) is added as it is.
+  float expert_weights_scale = 1.0f;
+  int64_t expert_groups = 0, expert_groups_used = 0;
+
+  // Multi-head latent attention (DeepSeek-V2, `mla`). Per token and layer the cache holds one row of
+  // kv_lora_rank latent values (after their RMSNorm) and qk_rope_dim rotated key values, shared by every
+  // head: so n_head_kv is 1 and d_head = kv_lora_rank + qk_rope_dim, n_rot = qk_rope_dim (the rotated
+  // values are the last ones of the row), and the V pool is the K pool (a head's value is the latent).
+  // Queries are absorbed: each head's qk_nope_dim query values times its key up-projection give
+  // kv_lora_rank values to dot with the latent; the attention output's latent part times the head's
+  // value up-projection gives v_head_dim values (model.cpp, docs/models.md).
+  bool mla = false;
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
 
   ShardLayout shard;        // this process's share (Model::load's LoadOptions); the whole model by default
 
   int64_t q_dim() const { return n_head * d_head; }
   int64_t rot_dims() const { return n_rot > 0 ? n_rot : d_head; }
   int64_t kv_dim() const { return n_head_kv * d_head; }
-  // KV bytes per token: 2 x n_layers x n_kv_heads x d_head x dtype_bytes.
+  // KV bytes per token: 2 x n_layers x n_kv_heads x d_head x dtype_bytes; with MLA
+  // n_layers x (kv_lora_rank + qk_rope_dim) x dtype_bytes (one row, no separate V).
   // dtype_bytes may be fractional: Q8_0 stores 32 values in 34 bytes.
+  int64_t kv_rows() const { return mla ? 1 : 2; }
   int64_t kv_bytes_per_token(double dtype_bytes) const {
-    return std::llround(double(2 * n_layer * n_head_kv * d_head) * dtype_bytes);
+    return std::llround(double(kv_rows() * n_layer * n_head_kv * d_head) * dtype_bytes);
   }
   // Whether this rank computes layer `il`, and the width of its K (or V) rows (its KV heads).
   bool owns_layer(int64_t il) const { return !shard.split() || (il >= shard.layer_begin && il < shard.layer_end); }
@@ -89,7 +107,7 @@ struct ModelConfig {
   // KV bytes per token in this rank's cache (its layers, its KV heads): kv_bytes_per_token unless split.
   int64_t local_kv_bytes_per_token(double dtype_bytes) const {
     const int64_t layers = shard.split() ? shard.layer_end - shard.layer_begin : n_layer;
-    return std::llround(double(2 * layers * local_kv_dim()) * dtype_bytes);
+    return std::llround(double(kv_rows() * layers * local_kv_dim()) * dtype_bytes);
   }
   // KV groups: layers whose caches are paged together. Gemma 3 has two (0: global layers,
   // 1: sliding-window layers, whose old blocks can be freed); other models have one.

@@ -46,7 +46,7 @@ std::string rename(const RenameRules& rules, const std::string& name) {
 }
 
 // GGUF tensor name -> Hugging Face tensor name (Llama / Qwen2 / Qwen3 / their MoE layouts; Gemma's
-// four norms per layer; Phi-3's fused matrices).
+// four norms per layer; Phi-3's fused matrices; DeepSeek-V2's latent attention and shared experts).
 std::string hf_name(const std::string& gguf_name, const std::string& arch) {
   static const RenameRules gemma = {
       {std::regex(R"(blk\.(\d+)\.ffn_norm\.(\w+))"), "model.layers.$1.pre_feedforward_layernorm.$2"},
@@ -62,9 +62,19 @@ std::string hf_name(const std::string& gguf_name, const std::string& arch) {
       {std::regex(R"(blk\.(\d+)\.attn_sinks\.weight)"), "model.layers.$1.self_attn.sinks"},
       {std::regex(R"(blk\.(\d+)\.ffn_gate_inp\.(\w+))"), "model.layers.$1.mlp.router.$2"},
   };
+  static const RenameRules deepseek2 = {
+      {std::regex(R"(blk\.(\d+)\.attn_q_a\.(\w+))"), "model.layers.$1.self_attn.q_a_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_q_a_norm\.(\w+))"), "model.layers.$1.self_attn.q_a_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_q_b\.(\w+))"), "model.layers.$1.self_attn.q_b_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_kv_a_mqa\.(\w+))"), "model.layers.$1.self_attn.kv_a_proj_with_mqa.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_kv_a_norm\.(\w+))"), "model.layers.$1.self_attn.kv_a_layernorm.$2"},
+      {std::regex(R"(blk\.(\d+)\.attn_kv_b\.(\w+))"), "model.layers.$1.self_attn.kv_b_proj.$2"},
+      {std::regex(R"(blk\.(\d+)\.ffn_(gate|up|down)_shexp\.(\w+))"), "model.layers.$1.mlp.shared_experts.$2_proj.$3"},
+  };
   const RenameRules* own = arch == "phi3"                          ? &phi3
                            : arch == "gemma2" || arch == "gemma3" ? &gemma
                            : arch == "gpt-oss"                     ? &gpt_oss
+                           : arch == "deepseek2"                   ? &deepseek2
                                                                    : nullptr;
   if (own)
     if (std::string name = rename(*own, gguf_name); !name.empty()) return name;

@@ -179,6 +179,7 @@ const char* lora_target_name(LoraTarget t) {
 std::shared_ptr<const LoraAdapter> load_lora(const std::string& path, const ModelConfig& config, std::string name,
                                              float scale) {
   check(!config.shard.split(), "LoRA adapters are not supported on a model split over ranks (--tp / --pp)");
+  check(!config.mla, "LoRA adapters are not supported on a latent-attention (MLA) model");
   check(std::isfinite(scale), "{}: bad LoRA scale", path);
   auto a = std::make_shared<LoraAdapter>();
   a->name = std::move(name), a->path = path, a->scale = scale;

@@ -19,7 +19,8 @@ namespace serval {
 KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
     : n_slots_(std::move(n_slots)), kv_dim_(c.local_kv_dim()), type_(type), d_head_(c.d_head),
       n_head_kv_(c.local_kv_dim() / c.d_head), row_bytes_(0), head_scale_(size_t(c.n_layer * n_head_kv_), 1.0f),
-      v_rotated_(type == DType::F8_E4M3 && c.d_head > 0 && (c.d_head & (c.d_head - 1)) == 0),
+      v_rotated_(type == DType::F8_E4M3 && !c.mla && c.d_head > 0 && (c.d_head & (c.d_head - 1)) == 0),
+      shared_v_(c.mla),
       record_copies_(c.shard.split() && c.shard.rank() == 0) {
   check(type == DType::F16 || type == DType::F32 || type == DType::BF16 || type == DType::Q8_0 ||
             type == DType::F8_E4M3,
@@ -32,7 +33,8 @@ KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
     // Another pipeline stage's layers hold nothing here.
     const size_t bytes = c.owns_layer(il) ? size_t(n_slots_[layer_group_.back()]) * row_bytes_ : 0;
     k_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
-    v_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
+    const size_t v_bytes = shared_v_ ? 0 : bytes;  // MLA: V is read from the K rows
+    v_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[v_bytes]), v_bytes});
   }
 }
 
@@ -41,7 +43,7 @@ KvCache::KvCache(const ModelConfig& c, int64_t n_slots, DType type)
 
 uint64_t KvCache::bytes() const {
   uint64_t total = 0;
-  for (const auto& k : k_) total += 2 * k.bytes;
+  for (size_t il = 0; il < k_.size(); ++il) total += k_[il].bytes + v_[il].bytes;
   return total;
 }
 
@@ -69,6 +71,7 @@ void store_row(DType type, const float* x, uint8_t* out, int64_t kv_dim, int64_t
 void KvCache::write(int64_t layer, int32_t slot, const float* k, const float* v) {
   const float* scale = head_scale_.data() + layer * n_head_kv_;
   store_row(type_, k, k_[layer].data.get() + int64_t(slot) * row_bytes_, kv_dim_, d_head_, scale);
+  if (shared_v_) return;
   if (v_rotated_) {
     thread_local std::vector<float> rotated;
     rotated.assign(v, v + kv_dim_);
@@ -86,12 +89,13 @@ void KvCache::copy_slot(int group, int32_t from, int32_t to) {
   for (size_t il = 0; il < layer_group_.size(); ++il) {
     if (layer_group_[il] != group || k_[il].bytes == 0) continue;
     std::memcpy(k_[il].data.get() + size_t(to) * row, k_[il].data.get() + size_t(from) * row, row);
-    std::memcpy(v_[il].data.get() + size_t(to) * row, v_[il].data.get() + size_t(from) * row, row);
+    if (!shared_v_) std::memcpy(v_[il].data.get() + size_t(to) * row, v_[il].data.get() + size_t(from) * row, row);
   }
 }
 
 KvLayerView KvCache::view(int64_t layer) const {
-  return {type_, k_[layer].data.get(), v_[layer].data.get(), kv_dim_, d_head_, head_scale_.data() + layer * n_head_kv_,
+  const uint8_t* k = k_[layer].data.get();
+  return {type_, k, shared_v_ ? k : v_[layer].data.get(), kv_dim_, d_head_, head_scale_.data() + layer * n_head_kv_,
           v_rotated_};
 }
 
@@ -240,9 +244,37 @@ void Model::observe(int64_t il, std::initializer_list<const char*> kinds, const 
   for (const char* kind : kinds) observer_(prefix + kind + ".weight", x, n_tok, cols);
 }
 
+namespace {
+
+// RoPE on n_pairs interleaved pairs (2i, 2i + 1) of x (DeepSeek's rotated query and key values).
+void rope_interleaved(float* x, int64_t n_pairs, const float* cs, const float* sn) {
+  for (int64_t i = 0; i < n_pairs; ++i) {
+    const float x0 = x[2 * i], x1 = x[2 * i + 1];
+    x[2 * i] = x0 * cs[i] - x1 * sn[i];
+    x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+  }
+}
+
+// For each head h: out[t][h * out_step ..] = W[h] in[t][h * in_step ..] over n_tok tokens (W[h]
+// [rows, cols]; rows of in and out in_stride and out_stride floats apart). The heads run side by side,
+// each product inline on its thread: a row's result is the same function of its inputs either way.
+void per_head_products(const std::vector<WeightMatrix>& w, const float* in, int64_t in_stride, int64_t in_step,
+                       float* out, int64_t out_stride, int64_t out_step, int64_t n_tok) {
+  parallel_for(int64_t(w.size()), [&](int64_t h) {
+    const WeightMatrix& m = w[size_t(h)];
+    std::vector<float> x(size_t(n_tok * m.cols)), y(size_t(n_tok * m.rows));
+    for (int64_t t = 0; t < n_tok; ++t) std::copy_n(in + t * in_stride + h * in_step, m.cols, x.data() + t * m.cols);
+    cpu::matmul(m, x.data(), y.data(), n_tok);
+    for (int64_t t = 0; t < n_tok; ++t) std::copy_n(y.data() + t * m.rows, m.rows, out + t * out_stride + h * out_step);
+  });
+}
+
+}  // namespace
+
 void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv,
                             std::vector<float>& x, ShardIo* io) const {
   const auto& c = config_;
+  if (c.mla) return mla_attention_block(il, batch, ropes[0], kv, x);
   const auto& L = weights_.layers[il];
   const int64_t n_tok = static_cast<int64_t>(batch.size()), half = c.d_head / 2;
   const bool swa = c.layer_is_swa[il];
@@ -296,6 +328,55 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   add_bias(o.data(), L.bo, n_tok);  // gpt-oss (never split: MoE models refuse --tp)
   if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);  // row-parallel: partial sums
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
+  add_rows(x.data(), o.data(), n_tok, c.n_embd);
+}
+
+void Model::mla_attention_block(int64_t il, const Batch& batch, const RopeTable& rope, KvCache& kv, std::vector<float>& x) const {
+  const auto& c = config_;
+  const auto& L = weights_.layers[il];
+  const int64_t n_tok = int64_t(batch.size()), nh = c.n_head, nope = c.qk_nope_dim, qk = nope + c.qk_rope_dim;
+  const int64_t lat = c.kv_lora_rank, row = c.d_head, half = c.d_head / 2, vd = c.v_head_dim;
+  std::vector<float> h(n_tok * c.n_embd), q(n_tok * nh * qk), kv_a(n_tok * row);
+  rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
+  // The query (through its low-rank pair when q_lora_rank) and the cache row, from the same input.
+  std::vector<float> qa(size_t(n_tok * c.q_lora_rank));
+  const WeightMatrix& q_in = c.q_lora_rank > 0 ? L.wq_a : L.wq;
+  observe(il, {c.q_lora_rank > 0 ? "attn_q_a" : "attn_q", "attn_kv_a_mqa"}, h.data(), n_tok, c.n_embd);
+  const cpu::MatmulOut first[] = {{&q_in, c.q_lora_rank > 0 ? qa.data() : q.data()}, {&L.wkv_a, kv_a.data()}};
+  cpu::matmul_many(first, h.data(), n_tok);
+  if (c.q_lora_rank > 0) {
+    rms_norm_rows(qa.data(), L.q_a_norm, qa.data(), n_tok, c.q_lora_rank, c.norm_eps);
+    observe(il, {"attn_q_b"}, qa.data(), n_tok, c.q_lora_rank);
+    cpu::matmul(L.wq_b, qa.data(), q.data(), n_tok);
+  }
+  // Absorbed queries [n_tok][nh][row]: the latent part from each head's key up-projection (below), the
+  // rotated part as it is; the cache row: the normed latent, then the rotated key.
+  std::vector<float> qabs(n_tok * nh * row);
+  parallel_for(n_tok, [&](int64_t t) {
+    float* r = kv_a.data() + t * row;
+    const float *cs = rope.cs.data() + t * half, *sn = rope.sn.data() + t * half;
+    rms_norm(r, L.kv_a_norm.data(), r, lat, c.norm_eps);
+    rope_interleaved(r + lat, c.qk_rope_dim / 2, cs, sn);
+    kv.write(il, batch.slots[0][t], r, nullptr);
+    for (int64_t hd = 0; hd < nh; ++hd) {
+      float* qr = q.data() + (t * nh + hd) * qk + nope;
+      rope_interleaved(qr, c.qk_rope_dim / 2, cs, sn);
+      std::copy_n(qr, c.qk_rope_dim, qabs.data() + (t * nh + hd) * row + lat);
+    }
+  });
+  per_head_products(L.wk_b, q.data(), nh * qk, qk, qabs.data(), nh * row, row, n_tok);
+  // One KV head of `row` values shared by every head; V is the same row (its latent part is used).
+  std::vector<float> attn(n_tok * nh * row);
+  std::vector<AttentionQuery> queries(n_tok);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const KvSpan keys{batch.block_tables[0][batch.seq_ids[t]], batch.block_size_of(batch.seq_ids[t]), 0, batch.positions[t]};
+    queries[t] = {qabs.data() + t * nh * row, keys, attn.data() + t * nh * row};
+  }
+  cpu::attention_batch(AttentionShape{int(nh), 1, int(row), c.attn_scale, c.attn_softcap, nullptr}, queries, kv.view(il));
+  std::vector<float> vo(n_tok * nh * vd), o(n_tok * c.n_embd);
+  per_head_products(L.wv_b, attn.data(), nh * row, row, vo.data(), nh * vd, vd, n_tok);
+  observe(il, {"attn_output"}, vo.data(), n_tok, nh * vd);
+  cpu::matmul(L.wo, vo.data(), o.data(), n_tok);
   add_rows(x.data(), o.data(), n_tok, c.n_embd);
 }
 

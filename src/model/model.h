@@ -35,11 +35,13 @@ class KvCache {
   int64_t kv_dim() const { return kv_dim_; }
   DType type() const { return type_; }
   // Bytes of K and V per token per layer.
-  size_t bytes_per_slot_per_layer() const { return 2 * row_bytes_; }
+  size_t bytes_per_slot_per_layer() const { return (shared_v_ ? 1 : 2) * row_bytes_; }
   // F8_E4M3: the scale of KV head `head` of `layer` (stored = value / scale). Set before any write.
   float head_scale(int64_t layer, int64_t head) const { return head_scale_[layer * n_head_kv_ + head]; }
   void set_head_scale(int64_t layer, int64_t head, float scale);
-  // Stores one token's K and V (kv_dim floats each) of `layer` in `slot` of the layer's group.
+  // Stores one token's K and V (kv_dim floats each) of `layer` in `slot` of the layer's group. MLA
+  // (ModelConfig::mla): one row, the latent and the rotated key; `v` is ignored (null) and view()
+  // gives the K pool as V.
   void write(int64_t layer, int32_t slot, const float* k, const float* v);
   // Copies K and V of slot `from` to slot `to` in every layer of KV group `group`.
   void copy_slot(int group, int32_t from, int32_t to);
@@ -61,6 +63,7 @@ class KvCache {
   size_t row_bytes_;                // bytes of one slot's K (or V) row of a layer
   std::vector<float> head_scale_;  // [layer][local KV head]
   bool v_rotated_;                  // F8_E4M3 with a power-of-two head size: V stored rotated (KvLayerView)
+  bool shared_v_;                   // MLA: no V pools; V is the K rows
   // Uninitialized on purpose: pages are only touched (and become resident) when written.
   struct Pool {
     std::unique_ptr<uint8_t[]> data;
@@ -253,6 +256,10 @@ class Model {
   void apply_rope(float* vec, int64_t n_heads, const float* cs, const float* sn) const;
   void attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv, std::vector<float>& x,
                        ShardIo* io) const;
+  // Multi-head latent attention (ModelConfig::mla) of layer il, absorbed: the cache row of each token,
+  // each head's query turned into latent space, one KV head shared by all, the output's latent part
+  // turned into the head's values. Adds the output projection to x.
+  void mla_attention_block(int64_t il, const Batch& batch, const RopeTable& rope, KvCache& kv, std::vector<float>& x) const;
   void ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, ShardIo* io) const;
   // This rank's layers over the batch, then (last stage) the output norm of the want_logits rows into
   // `rows`; false on other stages (the activations went to the next one).

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "tensor/dequant.h"
+#include "tensor/quantize.h"
 
 namespace serval {
 namespace {
@@ -132,8 +133,64 @@ void bind_moe(const ModelConfig& c, Binder& b, const std::string& p, LayerWeight
     L.sh_gate = b.matrix(p + "ffn_gate_shexp.weight", c.n_ff_shexp, c.n_embd);
     L.sh_up = b.matrix(p + "ffn_up_shexp.weight", c.n_ff_shexp, c.n_embd);
     L.sh_down = b.matrix(p + "ffn_down_shexp.weight", c.n_embd, c.n_ff_shexp);
-    L.sh_router = b.vector(p + "ffn_gate_inp_shexp.weight", c.n_embd);
+    if (!c.mla) L.sh_router = b.vector(p + "ffn_gate_inp_shexp.weight", c.n_embd);  // DeepSeek's shared experts: no gate
   }
+}
+
+// Per head h, rows [h * per_head + begin, h * per_head + begin + n) of `m`, with n rows each (no copy).
+std::vector<WeightMatrix> head_rows(const WeightMatrix& m, int64_t n_head, int64_t per_head, int64_t begin, int64_t n) {
+  std::vector<WeightMatrix> out;
+  for (int64_t h = 0; h < n_head; ++h) out.push_back(rows_of(m, h * per_head + begin, h * per_head + begin + n));
+  return out;
+}
+
+// The key up-projection of every head transposed ([n_head][kv_lora][nope]) from llama.cpp's fused
+// attn_kv_b (per head nope key rows, then v_head value rows, of kv_lora columns), in F32 when the file
+// holds F32 and F16 otherwise (its values, rounded once), owned by the layer.
+void transpose_k_b(const ModelConfig& c, const WeightMatrix& kv_b, LayerWeights& L) {
+  const int64_t nope = c.qk_nope_dim, lat = c.kv_lora_rank, per_head = nope + c.v_head_dim;
+  const DType type = kv_b.type == DType::F32 ? DType::F32 : DType::F16;
+  const size_t row = row_bytes(type, size_t(nope));
+  L.mla_owned.resize(size_t(c.n_head * lat) * row);
+  std::vector<float> k(static_cast<size_t>(nope * lat)), t(static_cast<size_t>(nope));
+  for (int64_t h = 0; h < c.n_head; ++h) {
+    for (int64_t i = 0; i < nope; ++i)
+      dequantize_row(kv_b.type, kv_b.data + size_t(h * per_head + i) * kv_b.row_stride, k.data() + i * lat, lat);
+    uint8_t* base = L.mla_owned.data() + size_t(h * lat) * row;
+    for (int64_t j = 0; j < lat; ++j) {
+      for (int64_t i = 0; i < nope; ++i) t[size_t(i)] = k[size_t(i * lat + j)];
+      quantize_row(type, t.data(), base + size_t(j) * row, size_t(nope));
+    }
+    L.wk_b.push_back({type, lat, nope, base, row});
+  }
+}
+
+// DeepSeek-V2's latent attention (LayerWeights' MLA fields) under llama.cpp's names: attn_q or
+// attn_q_a / attn_q_a_norm / attn_q_b, attn_kv_a_mqa, attn_kv_a_norm, and attn_kv_b (llama.cpp until
+// 2025-04) or its split attn_k_b ([n_head][kv_lora][nope], already transposed) and attn_v_b.
+void bind_mla(const ModelConfig& c, Binder& b, const std::string& p, LayerWeights& L) {
+  const int64_t nh = c.n_head, nope = c.qk_nope_dim, qk = nope + c.qk_rope_dim, lat = c.kv_lora_rank, v = c.v_head_dim;
+  if (c.q_lora_rank > 0) {
+    L.wq_a = b.matrix(p + "attn_q_a.weight", c.q_lora_rank, c.n_embd);
+    L.q_a_norm = b.vector(p + "attn_q_a_norm.weight", c.q_lora_rank);
+    L.wq_b = b.matrix(p + "attn_q_b.weight", nh * qk, c.q_lora_rank);
+  } else {
+    L.wq = b.matrix(p + "attn_q.weight", nh * qk, c.n_embd);
+  }
+  L.wkv_a = b.matrix(p + "attn_kv_a_mqa.weight", lat + c.qk_rope_dim, c.n_embd);
+  L.kv_a_norm = b.vector(p + "attn_kv_a_norm.weight", lat);
+  L.wo = b.matrix(p + "attn_output.weight", c.n_embd, nh * v);
+  if (const TensorRef* kb = b.find(p + "attn_k_b.weight", false)) {
+    b.expect_shape(*kb, {uint64_t(nope), uint64_t(lat), uint64_t(nh)});
+    L.wk_b = head_rows({kb->type, nh * lat, nope, kb->data, row_bytes(kb->type, nope)}, nh, lat, 0, lat);
+    const TensorRef* vb = b.find(p + "attn_v_b.weight", true);
+    b.expect_shape(*vb, {uint64_t(lat), uint64_t(v), uint64_t(nh)});
+    L.wv_b = head_rows({vb->type, nh * v, lat, vb->data, row_bytes(vb->type, lat)}, nh, v, 0, v);
+    return;
+  }
+  const WeightMatrix kv_b = b.matrix(p + "attn_kv_b.weight", nh * (nope + v), lat);
+  transpose_k_b(c, kv_b, L);
+  L.wv_b = head_rows(kv_b, nh, nope + v, nope, v);
 }
 
 // The attention weights of this rank's heads and its FFN columns (all of them without a split).
@@ -145,7 +202,9 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   const int64_t q0 = split ? s.head_begin * d : 0, q1 = split ? s.head_end * d : c.q_dim();
   const int64_t k0 = split ? s.kv_head_begin * d : 0, k1 = split ? s.kv_head_end * d : c.kv_dim();
   L.attn_norm = b.vector(p + "attn_norm.weight", c.n_embd);
-  if (b.find(p + "attn_q.weight", false) || !b.find(p + "attn_qkv.weight", false)) {
+  if (c.mla) {
+    bind_mla(c, b, p, L);
+  } else if (b.find(p + "attn_q.weight", false) || !b.find(p + "attn_qkv.weight", false)) {
     L.wq = rows_of(b.matrix(p + "attn_q.weight", c.q_dim(), c.n_embd), q0, q1);
     L.wk = rows_of(b.matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd), k0, k1);
     L.wv = rows_of(b.matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd), k0, k1);
@@ -155,7 +214,7 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
     L.wk = rows_of(qkv, c.q_dim() + k0, c.q_dim() + k1);
     L.wv = rows_of(qkv, c.q_dim() + c.kv_dim() + k0, c.q_dim() + c.kv_dim() + k1);
   }
-  L.wo = cols_of(b.matrix(p + "attn_output.weight", c.n_embd, c.q_dim()), q0, q1, p + "attn_output.weight");
+  if (!c.mla) L.wo = cols_of(b.matrix(p + "attn_output.weight", c.n_embd, c.q_dim()), q0, q1, p + "attn_output.weight");
   const bool bias_required = c.attn_bias;
   L.bq = slice(b.vector(p + "attn_q.bias", c.q_dim(), bias_required), q0, q1);
   L.bk = slice(b.vector(p + "attn_k.bias", c.kv_dim(), bias_required), k0, k1);
@@ -194,6 +253,7 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
   Binder b(lookup, source, w.weight_bytes);
   const ShardLayout& s = c.shard;
   check(!s.split() || !c.is_moe(), "{}: a mixture-of-experts model cannot be split with --tp / --pp yet", source);
+  check(!s.split() || !c.mla, "{}: a latent-attention (MLA) model cannot be split with --tp / --pp yet", source);
   w.tok_embd = b.matrix("token_embd.weight", c.n_vocab, c.n_embd);
   if (!s.split() || s.first_stage()) w.weight_bytes += matrix_bytes(w.tok_embd);
   w.output_norm = b.vector("output_norm.weight", c.n_embd);
@@ -222,9 +282,14 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
     if (!c.owns_layer(il)) continue;  // another stage's: not bound, so its pages are never read
     LayerWeights& L = w.layers[size_t(il)];
     bind_layer(c, b, il, L);
-    std::vector<WeightMatrix*> mats = {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down};
-    for (auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down})
+    std::vector<WeightMatrix*> mats = {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down,
+                                       &L.wq_a, &L.wq_b, &L.wkv_a};
+    for (auto* experts : {&L.exp_gate, &L.exp_up, &L.exp_down, &L.wv_b})
       for (WeightMatrix& m : *experts) mats.push_back(&m);
+    if (L.mla_owned.empty())
+      for (WeightMatrix& m : L.wk_b) mats.push_back(&m);
+    for (WeightMatrix& m : L.wk_b)  // transposed copies: packed, never released (they are not file pages)
+      if (!L.mla_owned.empty()) w.weight_bytes += matrix_bytes(m), cpu::prepare_weights(m);
     for (WeightMatrix* m : mats) {
       w.weight_bytes += matrix_bytes(*m);
       cpu::prepare_weights(*m);

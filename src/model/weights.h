@@ -31,6 +31,16 @@ struct LayerWeights {
   std::vector<float> sh_router;                          // [n_embd]: the shared expert's sigmoid gate
   std::vector<float> router_b;                           // [n_expert] router bias (gpt-oss)
   std::vector<float> exp_gate_b, exp_up_b, exp_down_b;   // [n_expert][n_ff_exp] x2, [n_expert][n_embd] (gpt-oss)
+  // Multi-head latent attention (ModelConfig::mla) instead of wq/wk/wv: the query from wq
+  // [n_head * (nope + rope), n_embd], or with q_lora_rank through wq_a [q_lora, n_embd], q_a_norm and
+  // wq_b [n_head * (nope + rope), q_lora]; the latent and the rotated key from wkv_a
+  // [kv_lora + rope, n_embd], the latent normed by kv_a_norm [kv_lora]; per head h the key
+  // up-projection transposed, wk_b[h] [kv_lora, nope] (it turns the head's query into latent space),
+  // and the value up-projection wv_b[h] [v_head, kv_lora]; wo is [n_embd, n_head * v_head].
+  WeightMatrix wq_a, wq_b, wkv_a;
+  std::vector<float> q_a_norm, kv_a_norm;
+  std::vector<WeightMatrix> wk_b, wv_b;
+  std::vector<uint8_t> mla_owned;  // wk_b's bytes when transposed at load from llama.cpp's fused attn_kv_b
 };
 
 struct ModelWeights {

@@ -82,6 +82,7 @@ std::string arch_of(const json& config, const std::string& path) {
       {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Gemma3ForCausalLM", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"}, {"Phi3ForCausalLM", "phi3"}, {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3moe"}, {"Qwen2MoeForCausalLM", "qwen2moe"},
       {"OlmoeForCausalLM", "olmoe"}, {"MixtralForCausalLM", "llama"}, {"GptOssForCausalLM", "gpt-oss"},
+      {"DeepseekV2ForCausalLM", "deepseek2"},
       {"BertModel", "bert"}, {"BertForSequenceClassification", "bert"}, {"BertForMaskedLM", "bert"}};
   const auto& a = config.value("architectures", json::array());
   check(a.is_array() && !a.empty() && a[0].is_string(), "{}: no 'architectures' list", path);
@@ -124,7 +125,7 @@ void add_common_hparams(GgufWriter& w, const std::string& a, const json& c, cons
     w.add_u32(a + ".attention.head_count_kv", hp_u32(c, "num_key_value_heads", path));
   if (const HfRope rope = hf_rope(c, path); rope.has_theta) w.add_f32(a + ".rope.freq_base", rope.theta);
   if (has_number(c, "rms_norm_eps")) w.add_f32(a + ".attention.layer_norm_rms_epsilon", c["rms_norm_eps"].get<float>());
-  if (has_number(c, "head_dim")) {
+  if (has_number(c, "head_dim") && !c.contains("kv_lora_rank")) {  // DeepSeek-V2: add_deepseek2_hparams
     w.add_u32(a + ".attention.key_length", hp_u32(c, "head_dim", path));
     w.add_u32(a + ".attention.value_length", hp_u32(c, "head_dim", path));
   }
@@ -258,6 +259,46 @@ void add_gpt_oss_hparams(GgufWriter& w, const json& c, const std::string& path) 
   add_rope_scaling(w, "gpt-oss", c, path);
 }
 
+// DeepseekV2Model's keys (llama.cpp before its 2025 split of attn_kv_b): the ranks, the query/key and
+// value head sizes as key_length / value_length, the rotary dimensions, the experts (dense leading
+// layers, shared experts as a count of expert widths, the routed scale, groups where routing is
+// group-limited) and YaRN's log multiplier 0.1 mscale_all_dim. What GGUF cannot say is refused:
+// mscale other than mscale_all_dim (llama.cpp's deepseek2 assumes the cos/sin factor 1).
+void add_deepseek2_hparams(GgufWriter& w, const json& c, const std::string& path) {
+  const std::string a = "deepseek2.";
+  if (c.contains("q_lora_rank") && !c["q_lora_rank"].is_null()) w.add_u32(a + "attention.q_lora_rank", hp_u32(c, "q_lora_rank", path));
+  w.add_u32(a + "attention.kv_lora_rank", hp_u32(c, "kv_lora_rank", path));
+  w.add_u32(a + "attention.key_length", hp_u32(c, "qk_nope_head_dim", path) + hp_u32(c, "qk_rope_head_dim", path));
+  w.add_u32(a + "attention.value_length", hp_u32(c, "v_head_dim", path));
+  w.add_u32(a + "rope.dimension_count", hp_u32(c, "qk_rope_head_dim", path));
+  w.add_u32(a + "leading_dense_block_count", uint32_t(c.value("first_k_dense_replace", 0)));
+  w.add_u32(a + "expert_count", hp_u32(c, "n_routed_experts", path));
+  w.add_u32(a + "expert_used_count", hp_u32(c, "num_experts_per_tok", path));
+  w.add_u32(a + "expert_feed_forward_length", hp_u32(c, "moe_intermediate_size", path));
+  w.add_u32(a + "expert_shared_count", uint32_t(c.value("n_shared_experts", 0)));
+  w.add_f32(a + "expert_weights_scale", c.value("routed_scaling_factor", 1.0f));
+  w.add_value(a + "expert_weights_norm", {GgufValueType::BOOL, c.value("norm_topk_prob", false)});
+  w.add_u32(a + "expert_gating_func", 1);  // softmax
+  if (c.value("topk_method", "greedy") == "group_limited_greedy") {
+    w.add_u32(a + "expert_group_count", hp_u32(c, "n_group", path));
+    w.add_u32(a + "expert_group_used_count", hp_u32(c, "topk_group", path));
+  }
+  const HfRope rope = hf_rope(c, path);
+  check(std::abs(rope.attn_factor - 1.0f) < 1e-6f, "{}: YaRN mscale differs from mscale_all_dim: GGUF's deepseek2 cannot express it", path);
+  if (rope.type == "yarn") {
+    w.add_string(a + "rope.scaling.type", "yarn");
+    w.add_f32(a + "rope.scaling.factor", rope.yarn_factor);
+    w.add_u32(a + "rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
+    if (rope.beta_fast != 32.0f) w.add_f32(a + "rope.scaling.yarn_beta_fast", rope.beta_fast);
+    if (rope.beta_slow != 1.0f) w.add_f32(a + "rope.scaling.yarn_beta_slow", rope.beta_slow);
+    if (!rope.truncate) w.add_value("serval.rope.yarn_truncate", {GgufValueType::BOOL, false});
+    const auto& set = c.contains("rope_parameters") ? c["rope_parameters"] : c["rope_scaling"];
+    w.add_f32(a + "rope.scaling.yarn_log_multiplier", 0.1f * set.value("mscale_all_dim", 0.0f));
+  } else {
+    check(rope.type == "default", "{}: RoPE type '{}' is not supported for deepseek2 in GGUF", path, rope.type);
+  }
+}
+
 // Architecture-specific keys after the common ones (LlamaModel / Qwen2Model / Gemma3Model).
 void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType outtype, const std::string& path) {
   if (arch == "bert") return;  // add_bert_hparams
@@ -303,6 +344,8 @@ void add_hparams(GgufWriter& w, const std::string& arch, const json& c, DType ou
     add_gemma2_hparams(w, c, path);
   } else if (arch == "gpt-oss") {
     add_gpt_oss_hparams(w, c, path);
+  } else if (arch == "deepseek2") {
+    add_deepseek2_hparams(w, c, path);
   }
 }
 
@@ -602,6 +645,11 @@ void check_shapes(const json& c, const std::string& arch, const std::vector<Mapp
       {"ffn_down.weight", {n_ff, n_embd}},     {"token_embd.weight", {n_embd, n_vocab}},
       {"output.weight", {n_embd, n_vocab}}, {"attn_qkv.weight", {n_embd, (n_head + 2 * n_kv) * d}}};
   if (arch == "phi3") want["ffn_up.weight"] = {n_embd, 2 * n_ff};  // gate and up rows in one matrix
+  if (arch == "deepseek2") {  // latent attention: query/key heads of nope + rope values, value heads of v_head_dim
+    const uint64_t qk = c.at("qk_nope_head_dim").get<uint64_t>() + c.at("qk_rope_head_dim").get<uint64_t>();
+    want["attn_q.weight"] = {n_embd, n_head * qk};
+    want["attn_output.weight"] = {n_head * c.at("v_head_dim").get<uint64_t>(), n_embd};
+  }
   for (const auto& m : tensors) {
     const auto it = want.find(m.name.starts_with("blk.") ? m.name.substr(m.name.find('.', 4) + 1) : m.name);
     if (it == want.end()) continue;
@@ -616,7 +664,7 @@ ArchInfo arch_info(const json& c, const std::string& path) {
   a.n_head = hp_u32(c, "num_attention_heads", path);
   a.n_head_kv = has_number(c, "num_key_value_heads") ? hp_u32(c, "num_key_value_heads", path) : a.n_head;
   a.tied = c.value("tie_word_embeddings", a.arch == "gemma3" || a.arch == "gemma2");
-  for (const char* key : {"num_experts", "num_local_experts"})
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"})
     if (c.contains(key) && c[key].is_number_integer() && !a.n_expert) a.n_expert = c[key].get<int64_t>();
   for (const char* key : {"hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers"}) hp_u32(c, key, path);
   return a;
@@ -648,7 +696,12 @@ std::string gguf_tensor_name(const std::string& arch, const std::string& hf) {
       {"post_feedforward_layernorm", "post_ffw_norm"}, {"mlp.gate", "ffn_gate_inp"}, {"block_sparse_moe.gate", "ffn_gate_inp"},
       {"self_attn.qkv_proj", "attn_qkv"}, {"mlp.gate_up_proj", "ffn_up"},
       {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_expert.up_proj", "ffn_up_shexp"},
-      {"mlp.shared_expert.down_proj", "ffn_down_shexp"}, {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"}};
+      {"mlp.shared_expert.down_proj", "ffn_down_shexp"}, {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"},
+      // DeepSeek-V2 (DeepseekV2Model's names: the fused attn_kv_b of llama.cpp before its 2025 split)
+      {"self_attn.q_a_proj", "attn_q_a"}, {"self_attn.q_a_layernorm", "attn_q_a_norm"}, {"self_attn.q_b_proj", "attn_q_b"},
+      {"self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa"}, {"self_attn.kv_a_layernorm", "attn_kv_a_norm"},
+      {"self_attn.kv_b_proj", "attn_kv_b"}, {"mlp.shared_experts.gate_proj", "ffn_gate_shexp"},
+      {"mlp.shared_experts.up_proj", "ffn_up_shexp"}, {"mlp.shared_experts.down_proj", "ffn_down_shexp"}};
   static const std::regex re(R"((model\.layers\.(\d+)\.)?(.+)\.(weight|bias))");
   static const std::regex sinks(R"(model\.layers\.(\d+)\.self_attn\.sinks)");
   std::smatch m;

@@ -96,10 +96,18 @@ EXPECTED_KEYS = {
     "qwen3_yarn": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 256,
                    "rope.scaling.yarn_beta_fast": 16.0},
     "llama3_rope": {},
+    # DeepSeek-V2 as llama.cpp's DeepseekV2Model writes it (before llama.cpp's 2025 split of attn_kv_b).
+    "deepseek2": {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 32, "expert_shared_count": 1,
+                  "leading_dense_block_count": 1, "attention.kv_lora_rank": 48, "attention.key_length": 32,
+                  "attention.value_length": 24, "rope.dimension_count": 16, "rope.scaling.type": "yarn",
+                  "rope.scaling.yarn_log_multiplier": pytest.approx(0.0707), "expert_weights_scale": 1.0},
+    "deepseek2_qlora": {"attention.q_lora_rank": 24, "expert_group_count": 4, "expert_group_used_count": 1,
+                        "expert_weights_scale": 2.0, "expert_weights_norm": False},
     "gpt_oss": {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32, "expert_weights_norm": True,
                 "attention.sliding_window": 6, "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0},
 }
-GGUF_ARCH = {"mixtral": "llama", "phi3_longrope": "phi3", "qwen3_yarn": "qwen3", "llama3_rope": "llama", "gpt_oss": "gpt-oss"}  # the file's own arch
+GGUF_ARCH = {"mixtral": "llama", "phi3_longrope": "phi3", "qwen3_yarn": "qwen3", "llama3_rope": "llama", "gpt_oss": "gpt-oss",
+             "deepseek2_qlora": "deepseek2"}  # the file's own arch
 ROPE_TENSORS = {"phi3_longrope": ["rope_factors_long.weight", "rope_factors_short.weight"], "llama3_rope": ["rope_freqs.weight"]}
 
 
@@ -118,6 +126,8 @@ def test_gguf_package_reads_what_convert_writes(arch, converted):
         assert shapes[name] == [d // 2]
     if arch == "qwen3_yarn":
         assert r.fields["serval.rope.yarn_truncate"].contents() is False
+    if arch.startswith("deepseek2"):
+        return check_deepseek2_shapes(cfg, shapes)
     if arch.startswith("phi3"):  # fused: Q, K, V rows in one matrix; gate and up rows in another
         assert shapes["blk.0.attn_qkv.weight"] == [e, (heads + 2 * kv) * d]
         assert shapes["blk.0.ffn_up.weight"] == [e, 2 * cfg["intermediate_size"]]
@@ -151,17 +161,88 @@ def test_gguf_package_reads_what_convert_writes(arch, converted):
         assert "blk.1.ffn_gate.weight" in shapes and "blk.1.ffn_gate_inp.weight" not in shapes
 
 
+def check_deepseek2_shapes(cfg, shapes):
+    e, heads, rope, lat = cfg["hidden_size"], cfg["num_attention_heads"], cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
+    qk, v = cfg["qk_nope_head_dim"] + rope, cfg["v_head_dim"]
+    if cfg["q_lora_rank"]:
+        q = cfg["q_lora_rank"]
+        assert shapes["blk.0.attn_q_a.weight"] == [e, q] and shapes["blk.0.attn_q_a_norm.weight"] == [q]
+        assert shapes["blk.0.attn_q_b.weight"] == [q, heads * qk] and "blk.0.attn_q.weight" not in shapes
+    else:
+        assert shapes["blk.0.attn_q.weight"] == [e, heads * qk]
+    assert shapes["blk.0.attn_kv_a_mqa.weight"] == [e, lat + rope] and shapes["blk.0.attn_kv_a_norm.weight"] == [lat]
+    assert shapes["blk.0.attn_kv_b.weight"] == [lat, heads * (cfg["qk_nope_head_dim"] + v)]
+    assert shapes["blk.0.attn_output.weight"] == [heads * v, e]
+    # first_k_dense_replace = 1: layer 0 dense, layer 1 routed experts plus an ungated shared expert
+    assert "blk.0.ffn_gate.weight" in shapes and "blk.0.ffn_gate_inp.weight" not in shapes
+    n, ff = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    assert shapes["blk.1.ffn_gate_inp.weight"] == [e, n] and shapes["blk.1.ffn_down_exps.weight"] == [ff, e, n]
+    assert shapes["blk.1.ffn_up_shexp.weight"] == [e, ff * cfg["n_shared_experts"]]
+    assert "blk.1.ffn_gate_inp_shexp.weight" not in shapes
+
+
+def split_kv_b(src, dst):
+    """llama.cpp's later deepseek2 layout (2025-04 on), written with the PyPI gguf package from a file in the
+    earlier one: attn_kv_b split per head into attn_k_b [n_head][kv_lora][nope] (transposed) and attn_v_b
+    [n_head][v_head][kv_lora]; key_length / value_length become the cache row's (kv_lora + rope, kv_lora),
+    the head sizes move to key_length_mla / value_length_mla, one KV head."""
+    import numpy as np
+    from gguf import GGUFWriter, GGUFValueType
+    r = GGUFReader(src)
+    a = "deepseek2."
+    get = lambda k: r.fields[a + k].contents()
+    heads, lat, rope = get("attention.head_count"), get("attention.kv_lora_rank"), get("rope.dimension_count")
+    k_len, v_len = get("attention.key_length"), get("attention.value_length")
+    nope = k_len - rope
+    w = GGUFWriter(dst, "deepseek2")
+    replaced = {a + "attention.key_length": lat + rope, a + "attention.value_length": lat, a + "attention.head_count_kv": 1}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = replaced.get(name, f.contents())
+        vtype = f.types[0]
+        if vtype == GGUFValueType.ARRAY:
+            w.add_key_value(name, value, vtype, sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, value, vtype)
+    w.add_uint32(a + "attention.key_length_mla", k_len)
+    w.add_uint32(a + "attention.value_length_mla", v_len)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if t.name.endswith("attn_kv_b.weight"):
+            kv_b = data.reshape(heads, nope + v_len, lat)
+            w.add_tensor(t.name.replace("attn_kv_b", "attn_k_b"), np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)))
+            w.add_tensor(t.name.replace("attn_kv_b", "attn_v_b"), np.ascontiguousarray(kv_b[:, nope:, :]))
+        else:
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "deepseek2_qlora"])
+def test_deepseek2_split_kv_b_layout(arch, converted, tmp_path):
+    out = tmp_path / "split.gguf"
+    split_kv_b(converted[arch, "f32"], out)
+    names = {t.name for t in GGUFReader(out).tensors}
+    assert "blk.0.attn_k_b.weight" in names and "blk.0.attn_kv_b.weight" not in names
+    check_rows(out, arch, TOL["f32"], "--tokenizer", FAMILIES / arch / "tokenizer.json")
+
+
 def complete(server, ids, n=8):
     status, body, _ = server.post("/v1/completions", {"prompt": ids, "max_tokens": n, "temperature": 0})
     assert status == 200, body
     return body["choices"][0]["text"]
 
 
-def test_moe_served_over_http_is_batch_invariant():
-    server = Server(FAMILIES / "qwen3moe", "--kv-cache-dtype", "f32")
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_moe_served_over_http_is_batch_invariant(arch):
+    # deepseek2: greedy decoding, one token per step over the latent cache, gives transformers' tokens.
+    server = Server(FAMILIES / arch, "--kv-cache-dtype", "f32")
     try:
         want = {}
-        for row in REF["qwen3moe"]:
+        for row in REF[arch]:
             # The continuation's text: prompt + greedy tokens decoded, less the prompt decoded (a first
             # token alone would lose its leading space).
             texts = [server.post("/detokenize", {"tokens": ids})[1]["prompt"] for ids in (row["ids"], row["ids"] + row["greedy"])]
@@ -170,7 +251,7 @@ def test_moe_served_over_http_is_batch_invariant():
             assert complete(server, row["ids"]) == want[row["prompt"]]  # alone: transformers' greedy tokens
         # Together: the rows share steps (and experts); each reply stays what it was alone.
         results, threads = {}, []
-        for row in REF["qwen3moe"] * 3:
+        for row in REF[arch] * 3:
             def go(r=row):
                 results.setdefault(r["prompt"], []).append(complete(server, r["ids"]))
             threads.append(threading.Thread(target=go))

@@ -178,6 +178,36 @@ TEST(Model, LongRopeFactorSetFollowsTheContextLength) {
   EXPECT_NO_THROW(share->set_context_length(64));
 }
 
+// DeepSeek-V2's latent attention on the tiny model of tests/data/families (its logits are checked
+// against transformers by tests/py/test_families.py): the cache holds one row of 48 latent + 16 rotated
+// key values per token and layer (no V), so its bytes are layers x 64 x dtype bytes per token; the
+// absorbed path gives the same bits whether a prompt runs at once or token by token (decode); every
+// cache type stays close to F32 (Q8_0's 32-value blocks fit the 64-value row; FP8 stores V unrotated,
+// since V is the K row).
+TEST(Model, LatentAttentionCacheAndDecode) {
+  auto m = Model::load(std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/deepseek2");
+  const auto& c = m->config();
+  ASSERT_TRUE(c.mla);
+  EXPECT_EQ(c.n_head_kv, 1);
+  EXPECT_EQ(c.d_head, 48 + 16);
+  EXPECT_EQ(c.kv_bytes_per_token(2), 3 * 64 * 2);
+  for (DType t : {DType::F16, DType::F32, DType::Q8_0, DType::F8_E4M3}) {
+    KvCache kv(c, 100, t);
+    EXPECT_EQ(kv.bytes(), uint64_t(100 * c.kv_bytes_per_token(t == DType::Q8_0 ? 34.0 / 32 : double(dtype_info(t).block_bytes) / double(dtype_info(t).block_elems))))
+        << dtype_info(t).name;
+    EXPECT_EQ(kv.view(0).v, kv.view(0).k);
+  }
+  const std::vector<int32_t> tokens = {1, 400, 401, 402, 403, 404, 405, 406, 407, 408};
+  const auto whole = all_logits(*m, tokens, 512, DType::F32);
+  EXPECT_EQ(all_logits(*m, tokens, 1, DType::F32), whole);
+  EXPECT_EQ(all_logits(*m, tokens, 3, DType::F32), whole);
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::F8_E4M3}) {
+    const double d = mean_abs_diff(all_logits(*m, tokens, 512, t), whole);
+    EXPECT_GT(d, 0.0) << dtype_info(t).name;
+    EXPECT_LT(d, t == DType::F8_E4M3 ? 0.05 : 0.01) << dtype_info(t).name;
+  }
+}
+
 // Qwen's K bias holds outliers (|b| up to 158 on the 0.5B) that a quantized cache spent its range on;
 // keys are centred on the bias's rotary mean before a q8_0 or FP8 cache stores them
 // (Model::KCentring). The centre is checked against the mean of the rotated bias summed position by

@@ -19,7 +19,7 @@ import pathlib
 import sys
 
 import torch
-from transformers import (AutoTokenizer, GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+from transformers import (AutoTokenizer, GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, DeepseekV2Config, DeepseekV2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -111,6 +111,28 @@ def gpt_oss_family(vocab):
     }
 
 
+def deepseek2_family(vocab):
+    """DeepSeek-V2, recorded with a seed of its own: multi-head latent attention (a 48-value latent and a
+    16-value RoPE key per token; 4 heads of 16 + 16 query/key values and 24 value values), layer 0
+    dense (first_k_dense_replace), then 8 routed experts, top 2, softmax not renormalized, plus a shared
+    expert. deepseek2: V2-Lite's layout (no query compression, greedy routing) with V2's YaRN
+    (mscale = mscale_all_dim, which also scales the softmax); deepseek2_qlora: V2's compressed query,
+    group-limited routing (4 groups of 2, the best one: both its experts run) and a routed scaling factor, no RoPE scaling."""
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=4, kv_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24,
+                  n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                  first_k_dense_replace=1, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    return {
+        "deepseek2": DeepseekV2ForCausalLM(DeepseekV2Config(
+            q_lora_rank=None, topk_method="greedy", **common,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})),
+        "deepseek2_qlora": DeepseekV2ForCausalLM(DeepseekV2Config(
+            q_lora_rank=24, topk_method="group_limited_greedy", n_group=4, topk_group=1, routed_scaling_factor=2.0,
+            **common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    }
+
+
 def record_gpt_oss_mxfp4(tok):
     """gpt_oss written as OpenAI's MXFP4 checkpoint (tests/py/gpt_oss_mxfp4.py, numpy, rerun by the test)
     and loaded by transformers' own MXFP4 support (dequantized): gpt_oss_mxfp4.json."""
@@ -161,14 +183,15 @@ def main():
     torch.manual_seed(41)
     tok = AutoTokenizer.from_pretrained(STORIES)
     reference = {}
-    # --group scaled|gpt_oss: re-record only that group, keeping the rest of reference.json
+    # --group scaled|gpt_oss|deepseek2: re-record only that group, keeping the rest of reference.json
     only = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else None
     only_scaled = only is not None
     if only_scaled:
         reference = json.loads((HERE / "reference.json").read_text())
     for name, model in ({} if only_scaled else families(tok.vocab_size)).items():
         save(name, model, tok, reference)
-    for group, (seed, make) in {"scaled": (42, scaled_families), "gpt_oss": (43, gpt_oss_family)}.items():
+    for group, (seed, make) in {"scaled": (42, scaled_families), "gpt_oss": (43, gpt_oss_family),
+                               "deepseek2": (44, deepseek2_family)}.items():
         if only not in (None, group):
             continue
         torch.manual_seed(seed)
