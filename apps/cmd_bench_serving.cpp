@@ -11,6 +11,7 @@
 #include "apps/bench_http.h"
 #include "apps/commands.h"
 #include "apps/engine_flags.h"
+#include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "engine/engine.h"
 #include "engine/naive_engine.h"
@@ -19,7 +20,7 @@ namespace serval::cli {
 namespace {
 
 struct ServingOptions {
-  std::string model, mode = "both", prompt_len = "16:256", output_len = "16:128";
+  std::string model, mode = "both", prompt_len = "16:256", output_len = "16:128", load_format = "auto";
   int requests = 64, concurrency = 32, threads = 0;
   EngineFlags engine{"1GiB"};
   uint64_t seed = 1;
@@ -120,7 +121,7 @@ void run_bench_serving(const ServingOptions& o) {
   set_threads(o.threads);
   check(o.mode == "both" || o.mode == "continuous" || o.mode == "naive", "--mode is continuous, naive or both");
   check(o.requests > 0 && o.concurrency > 0, "--requests and --concurrency must be positive");
-  auto m = Model::load(resolve_model_path(o.model));
+  auto m = Model::load(resolve_model_path(o.model), ParallelFlags::with_format({}, o.load_format));
   const auto [p_lo, p_hi] = parse_range(o.prompt_len);
   const auto [o_lo, o_hi] = parse_range(o.output_len);
   std::mt19937_64 rng(o.seed);
@@ -184,6 +185,7 @@ void run_selected_mode(const CLI::App& cmd, BenchServingFlags& f) {
 
 void add_in_process_flags(CLI::App* cmd, ServingOptions& o) {
   cmd->add_option("-m,--model,model", o.model, "model")->group(kInProcess);
+  ParallelFlags::add_load_format(cmd, o.load_format);
   cmd->add_option("--mode", o.mode, "continuous, naive or both (default)")->group(kInProcess);
   cmd->add_option("--prompt-len", o.prompt_len, "MIN:MAX prompt tokens (default 16:256)")->group(kInProcess);
   const size_t before = cmd->get_options().size();

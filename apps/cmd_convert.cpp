@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "model/dummy.h"
 #include "quant/convert.h"
 
 namespace serval::cli {
@@ -34,7 +35,25 @@ void run_convert(const ConvertCliOptions& o) {
   fmt::print(stderr, "serval convert: {} -> {} ({})\n", o.dir, o.out, o.outtype);
 }
 
+struct ExportShapeOptions {
+  std::string model, out;
+  bool full = false;
+};
+
 }  // namespace
+
+void add_export_shape(CLI::App& app) {
+  auto* cmd = app.add_subcommand("export-shape", "write a model's shape file (its GGUF header without weights, a few MB) for "
+                                                 "--load-format dummy, or with --full a whole GGUF of the dummy weights");
+  auto o = std::make_shared<ExportShapeOptions>();
+  cmd->add_option("model", o->model, "GGUF model, or a shape file")->required();
+  cmd->add_option("output", o->out, "file to write")->required();
+  cmd->add_flag("--full", o->full, "write the weights --load-format dummy makes into a whole GGUF (llama.cpp loads the same bytes)");
+  cmd->callback([o] {
+    export_shape(resolve_model_path(o->model), o->out, o->full);
+    fmt::print(stderr, "serval export-shape: {} -> {}{}\n", o->model, o->out, o->full ? " (dummy weights)" : " (shape only)");
+  });
+}
 
 void add_convert(CLI::App& app) {
   auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Mixtral, Qwen2, Qwen3, Qwen2/Qwen3-MoE, OLMoE, gpt-oss, Gemma 2, Gemma 3, Phi-3, BERT) or a PEFT LoRA adapter to GGUF");

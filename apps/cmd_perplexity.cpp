@@ -92,7 +92,7 @@ namespace serval::cli {
 namespace {
 
 struct ScoreOptions {
-  std::string model, prompt, ids, cache_type = "f16", tokenizer;
+  std::string model, prompt, ids, cache_type = "f16", tokenizer, load_format = "auto";
   bool no_bos = false;
   int threads = 0;
   LoraFlags lora;
@@ -102,7 +102,7 @@ struct ScoreOptions {
 // position print the model's own greedy choice and the log-probability of the given token.
 void run_score(const ScoreOptions& o) {
   set_threads(o.threads);
-  auto model = Model::load(resolve_model_path(o.model), {o.tokenizer});
+  auto model = Model::load(resolve_model_path(o.model), ParallelFlags::with_format({o.tokenizer}, o.load_format));
   const size_t n_adapters = o.lora.load(*model);
   check(n_adapters <= 1, "score applies one LoRA adapter at a time ({} given)", n_adapters);
   const auto& tok = model->tokenizer();
@@ -143,6 +143,7 @@ void add_score(CLI::App& app) {
   cmd->add_flag("--no-bos", o->no_bos, "do not add BOS");
   cmd->add_option("--tokenizer", o->tokenizer, "use this tokenizer.json instead of the model's");
   cmd->add_option("-t,--threads", o->threads, "threads (default: the cores available)");
+  ParallelFlags::add_load_format(cmd, o->load_format);
   o->lora.add_to(cmd);
   cmd->callback([o] { run_score(*o); });
 }

@@ -32,6 +32,7 @@ void add_quantize(CLI::App& app);
 void add_quality(CLI::App& app);
 void add_imatrix(CLI::App& app);
 void add_convert(CLI::App& app);
+void add_export_shape(CLI::App& app);
 
 // A model argument is a path, or the name of a model in the cache (~/.cache/serval/models/NAME.gguf).
 std::string resolve_model_path(const std::string& name_or_path);

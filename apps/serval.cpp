@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   serval::cli::add_quality(app);
   serval::cli::add_imatrix(app);
   serval::cli::add_convert(app);
+  serval::cli::add_export_shape(app);
   serval::cli::add_score(app);
   serval::cli::add_plan(app);
   serval::cli::add_serve(app);

@@ -1,5 +1,6 @@
 // libFuzzer harness: any byte string given to the GGUF parser (and the config / tokenizer built
-// from it) must give either a parsed file or serval::Error, never a crash or sanitizer report.
+// from it) must give either a parsed file or serval::Error, never a crash or sanitizer report; also
+// when read as a shape file (GgufFile::Data::Absent).
 #include <cstddef>
 #include <cstdint>
 
@@ -17,6 +18,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     try { serval::config_from_gguf(file); } catch (const serval::Error&) {}
     try { serval::Tokenizer tok(serval::vocab_from_gguf(file)); tok.encode("Hello world", true); } catch (const serval::Error&) {}
+  } catch (const serval::Error&) {
+  }
+  try {  // read as a shape file (--load-format dummy): no data pointers, the same checks otherwise
+    serval::GgufFile shape("fuzz-input", std::span<const uint8_t>(data, size), serval::GgufFile::Data::Absent);
+    for (const auto& t : shape.tensors())
+      if (t.data != nullptr) __builtin_trap();
+    try { serval::config_from_gguf(shape); } catch (const serval::Error&) {}
   } catch (const serval::Error&) {
   }
   return 0;

@@ -168,12 +168,15 @@ size_t GgufArray::size() const {
   return ints.size();
 }
 
-GgufFile::GgufFile(const std::string& path)
-    : path_(path), file_(std::make_unique<MappedFile>(path)), bytes_(file_->bytes()) {
+GgufFile::GgufFile(const std::string& path, Data data)
+    : path_(path), file_(std::make_unique<MappedFile>(path)), bytes_(file_->bytes()), data_(data) {
   parse();
 }
 
-GgufFile::GgufFile(const std::string& name, std::span<const uint8_t> bytes) : path_(name), bytes_(bytes) { parse(); }
+GgufFile::GgufFile(const std::string& name, std::span<const uint8_t> bytes, Data data)
+    : path_(name), bytes_(bytes), data_(data) {
+  parse();
+}
 
 void GgufFile::parse() {
   Cursor c(path_, bytes_);
@@ -205,8 +208,13 @@ void GgufFile::parse() {
   }
   const uint64_t data_start = (c.offset() + alignment - 1) / alignment * alignment;
   const uint64_t file_size = bytes_.size();
-  if (n_tensors > 0 && data_start > file_size) fail("{}: truncated file: tensor data section missing", path_);
-  const uint64_t data_size = n_tensors > 0 ? file_size - data_start : 0;
+  if (data_ == Data::Required && find_bool(kShapeOnlyKey).value_or(false))
+    fail("{}: a shape file (a model's header without its weights): run it with --load-format dummy", path_);
+  if (n_tensors > 0 && data_start > file_size && data_ == Data::Required)
+    fail("{}: truncated file: tensor data section missing", path_);
+  // Without data, offsets are checked against each other only (as if the data were all there).
+  const uint64_t data_size = data_ == Data::Absent ? uint64_t(1) << 50 : n_tensors > 0 ? file_size - data_start : 0;
+  const uint8_t* base = data_ == Data::Absent ? nullptr : bytes_.data() + data_start;
 
   for (auto& t : infos) {
     auto info = dtype_info(t.type);
@@ -217,15 +225,15 @@ void GgufFile::parse() {
       fail("{}: tensor '{}' data ({} bytes at offset {}) runs past the end of the file (truncated?)", path_, t.name,
            nbytes, t.offset);
     if (!tensor_index_.emplace(t.name, tensors_.size()).second) fail("{}: duplicate tensor name '{}'", path_, t.name);
-    tensors_.push_back(TensorRef{t.name, info->type, t.ne, bytes_.data() + data_start + t.offset, nbytes});
+    tensors_.push_back(TensorRef{t.name, info->type, t.ne, base ? base + t.offset : nullptr, nbytes});
   }
 
-  std::vector<const TensorRef*> by_offset;
-  for (auto& t : tensors_) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->data < b->data; });
+  std::vector<size_t> by_offset(infos.size());
+  for (size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+  std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) { return infos[a].offset < infos[b].offset; });
   for (size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i - 1]->data + by_offset[i - 1]->nbytes > by_offset[i]->data)
-      fail("{}: tensors '{}' and '{}' overlap", path_, by_offset[i - 1]->name, by_offset[i]->name);
+    if (infos[by_offset[i - 1]].offset + tensors_[by_offset[i - 1]].nbytes > infos[by_offset[i]].offset)
+      fail("{}: tensors '{}' and '{}' overlap", path_, tensors_[by_offset[i - 1]].name, tensors_[by_offset[i]].name);
 }
 
 namespace {

@@ -35,10 +35,15 @@ struct GgufValue {
 
 class GgufFile {
  public:
+  // Whether tensor data must be present. Absent: a shape file (`serval export-shape`: the metadata and
+  // tensor list, no data; marked by kShapeOnlyKey) or a whole GGUF read for its header: every tensor's
+  // data pointer is null, its shape, type, size and offset checked as usual (offsets against each
+  // other). A file marked shape-only is refused with a clear error where data is required.
+  enum class Data { Required, Absent };
   // Opens and validates `path`; throws Error naming the file and the problem.
-  explicit GgufFile(const std::string& path);
+  explicit GgufFile(const std::string& path, Data data = Data::Required);
   // Parses bytes held by the caller (they must outlive this object); `name` appears in errors.
-  GgufFile(const std::string& name, std::span<const uint8_t> bytes);
+  GgufFile(const std::string& name, std::span<const uint8_t> bytes, Data data = Data::Required);
 
   uint32_t version() const { return version_; }
   const std::string& path() const { return path_; }
@@ -67,9 +72,13 @@ class GgufFile {
   std::map<std::string, GgufValue> metadata_;
   std::vector<TensorRef> tensors_;
   std::map<std::string, size_t> tensor_index_;
+  Data data_ = Data::Required;
 
   void parse();
 };
+
+// The metadata key that marks a shape file (a GGUF header without tensor data).
+inline constexpr const char* kShapeOnlyKey = "serval.shape_only";
 
 // Text form of a metadata value for `serval info` (arrays are summarized).
 std::string to_display_string(const GgufValue& v);

@@ -11,7 +11,7 @@ namespace {
 
 constexpr uint32_t kTypeU32 = 4, kTypeF32 = 6, kTypeString = 8;  // GGUF metadata value types
 constexpr uint32_t kTensorF32 = 0;  // ggml tensor type
-constexpr size_t kAlign = 32;
+constexpr size_t kAlign = GgufWriter::kAlignment;
 
 template <typename T>
 void put(std::vector<uint8_t>& b, T v) {
@@ -78,8 +78,23 @@ void GgufWriter::add_string(const std::string& key, const std::string& value) {
   put_string(kv_, key), put(kv_, kTypeString), put_string(kv_, value), ++n_kv_;
 }
 
+void GgufWriter::add_tensor_info(const std::string& name, const std::vector<uint64_t>& ne, uint32_t type, size_t bytes) {
+  check(!ne.empty() && ne.size() <= 4, "GGUF tensor '{}' needs 1 to 4 dimensions", name);
+  check(data_.empty(), "internal: GGUF tensor entries without data mixed with tensors with data");
+  info_only_ = true;
+  info_only_end_ = (info_only_end_ + kAlign - 1) / kAlign * kAlign;
+  put_string(infos_, name);
+  put<uint32_t>(infos_, uint32_t(ne.size()));
+  for (uint64_t d : ne) put<uint64_t>(infos_, d);
+  put<uint32_t>(infos_, type);
+  put<uint64_t>(infos_, info_only_end_);
+  info_only_end_ += bytes;
+  ++n_tensors_;
+}
+
 void GgufWriter::add_tensor(const std::string& name, const std::vector<uint64_t>& ne, uint32_t type, const void* data,
                             size_t bytes) {
+  check(!info_only_, "internal: GGUF tensors with data mixed with entries without");
   check(!ne.empty() && ne.size() <= 4, "GGUF tensor '{}' needs 1 to 4 dimensions", name);
   data_.resize((data_.size() + kAlign - 1) / kAlign * kAlign, 0);
   put_string(infos_, name);
@@ -98,7 +113,7 @@ void GgufWriter::add_f32_tensor(const std::string& name, std::vector<uint64_t> n
   add_tensor(name, ne, kTensorF32, data, n * sizeof(float));
 }
 
-void GgufWriter::write(const std::string& path) const {
+std::vector<uint8_t> GgufWriter::header() const {
   std::vector<uint8_t> head = {'G', 'G', 'U', 'F'};
   put<uint32_t>(head, 3);
   put<uint64_t>(head, n_tensors_);
@@ -106,6 +121,11 @@ void GgufWriter::write(const std::string& path) const {
   head.insert(head.end(), kv_.begin(), kv_.end());
   head.insert(head.end(), infos_.begin(), infos_.end());
   head.resize((head.size() + kAlign - 1) / kAlign * kAlign, 0);
+  return head;
+}
+
+void GgufWriter::write(const std::string& path) const {
+  const std::vector<uint8_t> head = header();
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   check(f != nullptr, "cannot write '{}': {}", tmp, std::strerror(errno));

@@ -20,12 +20,21 @@ class GgufWriter {
   void add_f32_tensor(const std::string& name, std::vector<uint64_t> ne, const float* data);
   // A tensor of GGUF type number `type` whose `bytes` bytes are at `data`.
   void add_tensor(const std::string& name, const std::vector<uint64_t>& ne, uint32_t type, const void* data, size_t bytes);
+  // A tensor's entry alone: its data is written by the caller after header() (streamed files) or
+  // never (shape files). Not mixed with add_tensor in one file.
+  void add_tensor_info(const std::string& name, const std::vector<uint64_t>& ne, uint32_t type, size_t bytes);
+  // Offset of the next tensor's data from the start of the data section, and the alignment.
+  static constexpr uint64_t kAlignment = 32;
+  // The file up to its data section (magic, counts, metadata, tensor entries, padding).
+  std::vector<uint8_t> header() const;
   // Writes the file (through a temporary, renamed on success); throws Error.
   void write(const std::string& path) const;
 
  private:
   std::vector<uint8_t> kv_, infos_, data_;
   uint64_t n_kv_ = 0, n_tensors_ = 0;
+  uint64_t info_only_end_ = 0;  // data bytes the add_tensor_info entries stand for
+  bool info_only_ = false;
 };
 
 }  // namespace serval

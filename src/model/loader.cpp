@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/dummy.h"
 #include "model/gpt_oss.h"
 #include "model/model.h"
 #include "tokenizer/load.h"
@@ -34,6 +35,26 @@ class GgufModel : public Model {
 
  private:
   GgufFile file_;
+};
+
+// --load-format dummy: the header of a GGUF (shape file or whole), the weights made by DummyTensors.
+class DummyModel : public Model {
+ public:
+  DummyModel(const std::string& path, const LoadOptions& options)
+      : file_(path, GgufFile::Data::Absent), tensors_(file_, options.dummy_seed) {
+    path_ = path;
+    config_ = config_from_gguf(file_);
+    set_shard(config_, options);
+    weights_ = bind_weights(config_, [this](const std::string& n) { return tensors_.find(n); }, path, /*reloadable=*/false);
+    Vocab vocab = options.tokenizer_json.empty() ? vocab_from_gguf(file_) : vocab_from_tokenizer_json(options.tokenizer_json);
+    check(int64_t(vocab.tokens.size()) == config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", path,
+          vocab.tokens.size(), config_.n_vocab);
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(vocab));
+  }
+
+ private:
+  GgufFile file_;
+  DummyTensors tensors_;
 };
 
 using RenameRules = std::vector<std::pair<std::regex, std::string>>;
@@ -154,6 +175,11 @@ class SafetensorsModel : public Model {
 std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& options) {
   const fs::path p(path);
   check(fs::exists(p), "{}: no such file or directory", path);
+  if (options.dummy) {
+    check(!fs::is_directory(p) && p.extension() != ".safetensors",
+          "{}: --load-format dummy takes a GGUF file or shape file (serval export-shape; convert a directory first)", path);
+    return std::make_unique<DummyModel>(path, options);
+  }
   if (fs::is_directory(p)) {
     const fs::path weights = p / "model.safetensors";
     check(fs::exists(weights), "{}: directory has no model.safetensors (sharded checkpoints are not supported)", path);

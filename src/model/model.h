@@ -116,6 +116,10 @@ struct LoadOptions {
   std::string tokenizer_json;  // optional: override the tokenizer with a Hugging Face tokenizer.json
   // Load only the share of TP rank `tp_rank` of pipeline stage `stage` (shard.h); 1 x 1: everything.
   int tp = 1, pp = 1, tp_rank = 0, stage = 0;
+  // vLLM's --load-format dummy: the weights are generated (model/dummy.h) from the GGUF header of
+  // `path`, a shape file or any GGUF file, whose data is not read.
+  bool dummy = false;
+  uint64_t dummy_seed = 0;
 };
 
 // What a rank's share of the forward pass needs from the other ranks (dist/ implements it over a

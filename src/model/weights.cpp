@@ -248,7 +248,7 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
 
 }  // namespace
 
-ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, const std::string& source) {
+ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, const std::string& source, bool reloadable) {
   ModelWeights w;
   Binder b(lookup, source, w.weight_bytes);
   const ShardLayout& s = c.shard;
@@ -303,7 +303,7 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
       for (auto* v : {&L.attn_norm, &L.ffn_norm, &L.post_attn_norm, &L.post_ffn_norm, &L.q_norm, &L.k_norm}) plus_one(*v);
   }
   cpu::prepare_weights(w.output);  // the embedding itself stays as in the file (rows read by get_row)
-  release_file_pages(w.output);
+  if (reloadable || w.output.data != w.tok_embd.data) release_file_pages(w.output);
   return w;
 }
 

@@ -55,6 +55,10 @@ struct ModelWeights {
 };
 
 // Binds every tensor the config needs, checking shapes; throws Error naming the tensor.
-ModelWeights bind_weights(const ModelConfig& config, const TensorLookup& lookup, const std::string& source);
+// After repacking, a matrix's pages are given back (release_file_pages); `reloadable` says whether a
+// page given back reads its bytes again (a file mapping) or zeros (anonymous memory: then the tied
+// output, whose embedding rows are read again, keeps its pages).
+ModelWeights bind_weights(const ModelConfig& config, const TensorLookup& lookup, const std::string& source,
+                          bool reloadable = true);
 
 }  // namespace serval
