@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
+#include "apps/parallel_flags.h"
 #include "base/error.h"
 #include "io/gguf.h"
 #include "model/model.h"
@@ -30,8 +31,8 @@ std::string rope_scaling_text(const ModelConfig& c, const Model& m) {
   return "";
 }
 
-void print_info(const std::string& path) {
-  auto model = Model::load(path);
+void print_info(const std::string& path, const std::string& load_format) {
+  auto model = Model::load(path, ParallelFlags::with_format({}, load_format));
   const auto& c = model->config();
   const auto& w = model->weights();
   uint64_t n_params = 0;
@@ -109,9 +110,10 @@ Vocab load_vocab(const std::string& path, const std::string& tokenizer_json) {
 
 void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show a model's architecture, parameters, types and memory");
-  auto path = std::make_shared<std::string>();
+  auto path = std::make_shared<std::string>(), format = std::make_shared<std::string>("auto");
   cmd->add_option("model,-m,--model", *path, "GGUF file, safetensors model directory, or cached model name")->required();
-  cmd->callback([path] { print_info(resolve_model_path(*path)); });
+  ParallelFlags::add_load_format(cmd, *format);
+  cmd->callback([path, format] { print_info(resolve_model_path(*path), *format); });
 }
 
 // `--jsonl FILE`: one JSON string per line, each answered by one line of space-separated ids (many
