@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -31,6 +32,8 @@ constexpr std::string_view kHarmonyEnds[] = {"<|call|>", "<|end|>", "<|return|>"
 constexpr std::string_view kHarmonyMarkers[] = {"<|start|>", "<|channel|>"};
 constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>", kDsCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>", kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kQcFunction = "<function=", kQcFunctionEnd = "</function>";
+constexpr std::string_view kQcParam = "<parameter=", kQcParamEnd = "</parameter>";
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -494,6 +497,84 @@ std::string arguments_gbnf(const Function& fn) {
   }
 }
 
+// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...
+// </function>\n</tool_call>`. A value is text (one newline after the tag and before the closing one
+// dropped), typed by its function's schema as vLLM's qwen3_coder parser does: "null" is null;
+// string kept; integer and number parsed as numbers, boolean as true / false (any case), object and
+// array as JSON, each falling back to the text when it does not parse; a parameter the schema does
+// not name stays text.
+ojson qwen3_coder_value(std::string_view raw, const ojson* schema) {
+  if (raw.starts_with('\n')) raw.remove_prefix(1);
+  if (raw.ends_with('\n')) raw.remove_suffix(1);
+  const std::string text(raw);
+  const std::string type = schema && schema->is_object() && schema->contains("type") && (*schema)["type"].is_string()
+                               ? (*schema)["type"].get<std::string>() : "string";
+  std::string lower = text;
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "null") return nullptr;
+  if (type == "boolean" && (lower == "true" || lower == "false")) return lower == "true";
+  if (type == "integer" || type == "number" || type == "object" || type == "array") {
+    auto j = parse_json(trim(text));
+    const bool fits = j && (type == "integer" ? j->is_number_integer() : type == "number" ? j->is_number()
+                            : type == "object" ? j->is_object() : j->is_array());
+    if (fits) return *j;
+  }
+  return text;
+}
+
+// One call: the text after "<function=" up to its "</function>" (or the end); nullopt when the
+// function is unknown or the text is not NAME> followed by parameters and whitespace.
+std::optional<ToolCall> qwen3_coder_call(std::string_view inner, const std::vector<Function>& fns) {
+  const size_t gt = inner.find('>');
+  if (gt == npos) return std::nullopt;
+  const std::string name(trim(inner.substr(0, gt)));
+  const auto fn = std::find_if(fns.begin(), fns.end(), [&](const Function& f) { return f.name == name; });
+  if (fn == fns.end()) return std::nullopt;
+  const ojson* props = fn->parameters && fn->parameters->is_object() && fn->parameters->contains("properties")
+                           ? &(*fn->parameters)["properties"] : nullptr;
+  ojson args = ojson::object();
+  for (size_t i = skip_ws(inner, gt + 1); i < inner.size(); i = skip_ws(inner, i)) {
+    if (!inner.substr(i).starts_with(kQcParam)) return std::nullopt;
+    const size_t key_end = inner.find('>', i);
+    if (key_end == npos) return std::nullopt;
+    const std::string key(trim(inner.substr(i + kQcParam.size(), key_end - i - kQcParam.size())));
+    size_t close = inner.find(kQcParamEnd, key_end);
+    const size_t next = inner.find(kQcParam, key_end);  // a parameter left open ends at the next one
+    if (close == npos || (next != npos && next < close)) close = std::min(next, inner.size());
+    const ojson* schema = props && props->is_object() && props->contains(key) ? &(*props)[key] : nullptr;
+    args[key] = qwen3_coder_value(inner.substr(key_end + 1, close - key_end - 1), schema);
+    i = inner.substr(close).starts_with(kQcParamEnd) ? close + kQcParamEnd.size() : close;
+  }
+  return ToolCall{"", name, args.dump()};
+}
+
+// Calls from the first "<function=" (or the "<tool_call>" just before it) on, each optionally in
+// <tool_call> ... </tool_call>, whitespace between; all of them must parse, or everything is content.
+ParsedToolOutput parse_qwen3_coder(std::string_view text, const std::vector<Function>& fns) {
+  const size_t first = text.find(kQcFunction);
+  if (first == npos) return {std::string(trim(text)), {}};
+  const size_t tag = text.rfind(kHermesOpen, first);
+  const bool tagged = tag != npos && trim(text.substr(tag + kHermesOpen.size(), first - tag - kHermesOpen.size())).empty();
+  const size_t start = tagged ? tag : first;
+  ParsedToolOutput out;
+  size_t pos = start, end = start;
+  while (pos < text.size()) {
+    const bool open = text.substr(pos).starts_with(kHermesOpen);
+    const size_t fn = open ? skip_ws(text, pos + kHermesOpen.size()) : pos;
+    if (!text.substr(fn).starts_with(kQcFunction)) break;
+    const size_t close = text.find(kQcFunctionEnd, fn);
+    const size_t body = fn + kQcFunction.size();
+    auto call = qwen3_coder_call(text.substr(body, (close == npos ? text.size() : close) - body), fns);
+    if (!call) return {std::string(trim(text)), {}};
+    out.calls.push_back(std::move(*call));
+    end = close == npos ? text.size() : close + kQcFunctionEnd.size();
+    if (size_t after = skip_ws(text, end); open && text.substr(after).starts_with(kHermesClose)) end = after + kHermesClose.size();
+    pos = skip_ws(text, end);
+  }
+  out.content = std::string(trim(std::string(text.substr(0, start)) + std::string(text.substr(std::min(end, text.size())))));
+  return out;
+}
+
 }  // namespace
 
 const char* to_string(ToolFormat f) {
@@ -504,6 +585,7 @@ const char* to_string(ToolFormat f) {
     case ToolFormat::Harmony: return "openai";  // vLLM's name for gpt-oss's parser
     case ToolFormat::DeepSeekR1: return "deepseek_v3";
     case ToolFormat::DeepSeekV31: return "deepseek_v31";
+    case ToolFormat::Qwen3Coder: return "qwen3_coder";
   }
   return "hermes";
 }
@@ -513,6 +595,7 @@ ToolFormat tool_format_for_template(std::string_view src) {
   if (has(kMistralCalls) || has("[AVAILABLE_TOOLS]")) return ToolFormat::Mistral;
   if (has(kHarmonyTo) || (has("<|channel|>") && (has("<|call|>") || has(" to=")))) return ToolFormat::Harmony;
   if (has(kDsCallBegin)) return has("```json") ? ToolFormat::DeepSeekR1 : ToolFormat::DeepSeekV31;
+  if (has(kQcFunction) && has(kQcParam)) return ToolFormat::Qwen3Coder;
   if (has(kHermesOpen)) return ToolFormat::Hermes;
   if (has(kPythonTag) || (has("\"parameters\"") && (has("ipython") || has("<|eom_id|>")))) return ToolFormat::Llama3Json;
   return ToolFormat::Hermes;
@@ -543,6 +626,7 @@ ParsedToolOutput parse_tool_calls(std::string_view text, ToolFormat format, cons
     case ToolFormat::Mistral: out = parse_mistral(text, names); break;
     case ToolFormat::Harmony: out = parse_harmony(text, names); break;
     case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31: out = parse_deepseek(text, names); break;
+    case ToolFormat::Qwen3Coder: out = parse_qwen3_coder(text, functions_of(tools)); break;
   }
   for (auto& call : out.calls) call.id = new_tool_call_id();
   return out;
@@ -561,6 +645,8 @@ size_t tool_call_start(std::string_view text, ToolFormat format) {
       return std::min(marker_start(text, kHarmonyMarkers[0]), marker_start(text, kHarmonyMarkers[1]));
     case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31:
       return std::min(marker_start(text, kDsCallsBegin), marker_start(text, kDsCallBegin));
+    case ToolFormat::Qwen3Coder:
+      return std::min(marker_start(text, kHermesOpen), marker_start(text, kQcFunction));
   }
   return npos;
 }
@@ -625,6 +711,59 @@ std::string named_call_gbnf(const std::vector<Function>& fns, ToolFormat format,
 }
 }  // namespace
 
+// Qwen3-Coder's XML calls: per function its schema's properties in order, each `<parameter=KEY>\n`
+// VALUE `\n</parameter>\n`, the required ones always, the others optionally. A string value is text
+// without "</" (one of its literals when the schema has an enum); any other value is JSON under the
+// property's schema. A function without properties takes any text parameters.
+std::string qwen3_coder_params_gbnf(const Function& fn, const std::string& prefix) {
+  const ojson* params = fn.parameters;
+  const ojson* props = params && params->is_object() && params->contains("properties") ? &(*params)["properties"] : nullptr;
+  if (!props || !props->is_object() || props->empty())
+    return prefix + "params ::= (\"<parameter=\" [a-zA-Z0-9_.-]+ \">\\n\" qc-text \"\\n</parameter>\\n\")*\n";
+  std::set<std::string> required;
+  if (params->contains("required") && (*params)["required"].is_array())
+    for (const auto& r : (*params)["required"]) if (r.is_string()) required.insert(r.get<std::string>());
+  std::string g = prefix + "params ::=", rules;
+  size_t j = 0;
+  for (const auto& [key, schema] : props->items()) {
+    const std::string value = prefix + "p" + std::to_string(j++) + "-";
+    const bool text = schema.is_object() && schema.value("type", "") == "string";
+    if (text && schema.contains("enum") && schema["enum"].is_array() && !schema["enum"].empty()) {
+      rules += value + "root ::= ";
+      for (size_t e = 0; e < schema["enum"].size(); ++e)
+        rules += (e ? " | " : "") + grammar::gbnf_literal(schema["enum"][e].is_string() ? schema["enum"][e].get<std::string>()
+                                                                                      : schema["enum"][e].dump());
+      rules += "\n";
+    } else if (text || !schema.is_object() || !schema.contains("type")) {
+      rules += value + "root ::= qc-text\n";
+    } else {
+      try {
+        rules += prefix_gbnf_rules(grammar::json_schema_to_gbnf(schema), value);
+      } catch (const Error& e) {
+        fail("parameter '{}' of function '{}': {}", key, fn.name, e.what());
+      }
+      if (!rules.ends_with('\n')) rules += '\n';
+    }
+    g += " (" + grammar::gbnf_literal("<parameter=" + key + ">\n") + " " + value + "root " +
+         grammar::gbnf_literal("\n</parameter>\n") + ")" + (required.count(key) ? "" : "?");
+  }
+  return g + "\n" + rules;
+}
+
+std::string qwen3_coder_gbnf(const std::vector<Function>& fns, bool parallel) {
+  std::string g = parallel ? "root ::= call (tcws call)*\n" : "root ::= call\n";
+  g += "call ::= \"<tool_call>\\n\" (";
+  for (size_t k = 0; k < fns.size(); ++k) g += (k ? " | call-fn" : "call-fn") + std::to_string(k);
+  g += ") \"\\n</tool_call>\"\ntcws ::= [ \\t\\n]{0,8}\nqc-text ::= ([^<] | \"<\" [^/])*\n";
+  for (size_t k = 0; k < fns.size(); ++k) {
+    const std::string prefix = "fn" + std::to_string(k) + "-";
+    g += "call-fn" + std::to_string(k) + " ::= " + grammar::gbnf_literal("<function=" + fns[k].name + ">\n") + " " + prefix +
+         "params \"</function>\"\n";
+    g += qwen3_coder_params_gbnf(fns[k], prefix);
+  }
+  return g;
+}
+
 std::string tool_call_gbnf(const nlohmann::ordered_json& tools, ToolFormat format, std::string_view function_name,
                            bool parallel) {
   std::vector<Function> fns = functions_of(tools);
@@ -636,10 +775,12 @@ std::string tool_call_gbnf(const nlohmann::ordered_json& tools, ToolFormat forma
   check(!fns.empty(), "tool calls need at least one function in tools");
   if (format == ToolFormat::Harmony || format == ToolFormat::DeepSeekR1 || format == ToolFormat::DeepSeekV31)
     return named_call_gbnf(fns, format, parallel);
+  if (format == ToolFormat::Qwen3Coder) return qwen3_coder_gbnf(fns, parallel);
   const std::string args_key = format == ToolFormat::Llama3Json ? "parameters" : "arguments";
   std::string g;
   switch (format) {
-    case ToolFormat::Harmony: case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31: break;  // above
+    case ToolFormat::Harmony: case ToolFormat::DeepSeekR1: case ToolFormat::DeepSeekV31: case ToolFormat::Qwen3Coder:
+      break;  // above
     case ToolFormat::Hermes:
       g += parallel ? "root ::= call (tcws call)*\n" : "root ::= call\n";
       g += "call ::= \"<tool_call>\" tcws object tcws \"</tool_call>\"\n";

@@ -8,7 +8,9 @@
 // json<|message|>{...}<|call|>`, the recipient also after the channel), and DeepSeek's
 // (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>` as R1 and V3 write
 // it, or `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` as V3.1, inside
-// `<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>`).
+// `<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>`), and Qwen3-Coder's / Qwen3.5's XML
+// (`<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`, values
+// typed by the function's schema as vLLM's qwen3_coder parser types them).
 //
 // What parsing accepts besides (recorded examples in tests/data/tool_calls/):
 //  - Hermes: a block without `</tool_call>` (the model stopped after the JSON); several objects in
@@ -30,7 +32,7 @@
 
 namespace serval {
 
-enum class ToolFormat { Hermes, Llama3Json, Mistral, Harmony, DeepSeekR1, DeepSeekV31 };
+enum class ToolFormat { Hermes, Llama3Json, Mistral, Harmony, DeepSeekR1, DeepSeekV31, Qwen3Coder };
 
 const char* to_string(ToolFormat f);
 

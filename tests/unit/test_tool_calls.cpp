@@ -20,6 +20,7 @@ using ojson = nlohmann::ordered_json;
 constexpr size_t npos = std::string_view::npos;
 constexpr ToolFormat H = ToolFormat::Hermes, L = ToolFormat::Llama3Json, M = ToolFormat::Mistral;
 constexpr ToolFormat O = ToolFormat::Harmony, D = ToolFormat::DeepSeekR1, V = ToolFormat::DeepSeekV31;
+constexpr ToolFormat Q = ToolFormat::Qwen3Coder;
 
 std::string data(const std::string& file) {
   return test::read_file(std::string(SERVAL_SOURCE_DIR) + "/tests/data/tool_calls/" + file);
@@ -103,6 +104,12 @@ const Recorded kRecorded[] = {
     {"deepseek_v31_template_two_calls.txt", D, "weather", "Let me check.",  // the parser reads both spellings
      R"(get_time({"city":"Sydney"}); get_weather({"city":"Lima"}))"},
     {"hermes_coder15_fence.txt", O, "weather", "*", ""},
+    {"qwen3_coder_template_two_calls.txt", Q, "weather", "Let me check.",
+     R"(get_time({"city":"Sydney"}); get_weather({"city":"Lima","unit":"celsius"}))"},
+    {"qwen3_coder_template_typed.txt", Q, "typed", "",  // values typed by the schema (Python's True a boolean)
+     R"(search_code({"query":"fn main() {\n    println!(\"<hi>\");\n}","max_results":5,"threshold":0.25,"case_sensitive":true,"paths":["src","tests"],"options":{"regex":false}}))"},
+    {"qwen3_coder_template_two_calls.txt", Q, "typed", "*", ""},  // unknown functions: all content
+    {"qwen3_coder_template_two_calls.txt", H, "weather", "*", ""},  // no JSON in the blocks: not Hermes calls
 };
 
 TEST(ToolCallParse, RecordedOutputs) {
@@ -153,6 +160,15 @@ TEST(ToolCallParse, EdgeCases) {
        R"(get_time({"city":"Oslo"}))"},
       {M, R"([TOOL_CALLS]get time[ARGS]{"city": "Oslo"})", "*", ""},
       {M, R"([{"name": "get_time", "arguments": {"city": "Oslo"}}])", "", R"(get_time({"city":"Oslo"}))"},
+      // Qwen3-Coder: without <tool_call>, a parameter left open, text after the block, a value not
+      // matching its type kept as text, null, a parameter the schema does not name, a broken block
+      {Q, "<function=get_time>\n<parameter=city>\nOslo\n</parameter>\n</function>", "", R"(get_time({"city":"Oslo"}))"},
+      {Q, "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n<parameter=unit>\ncelsius\n</function>\n</tool_call>\nDone.",
+       "Done.", R"(get_weather({"city":"Oslo","unit":"celsius"}))"},
+      {Q, "<tool_call>\n<function=get_time>\n<parameter=city>\nnull\n</parameter>\n<parameter=when>\n5\n</parameter>\n</function>\n</tool_call>",
+       "", R"(get_time({"city":null,"when":"5"}))"},
+      {Q, "<tool_call>\n<function=get_time>\nstray text\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>", "*", ""},
+      {Q, "<tool_call>\n<function=get_joke>\n</function>\n</tool_call>", "*", ""},
   };
   for (const auto& c : cases) {
     const ParsedToolOutput p = parse_tool_calls(c.text, c.format, tools("weather"));
@@ -192,6 +208,7 @@ TEST(ToolCallFormat, GuessedFromTemplateSource) {
       {"{{- \"<|start|>assistant to=\" }}{{- \"functions.\" + tool_call.name + \"<|channel|>commentary \" }}", O},
       {"{{'<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' }}", D},
       {"{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] }}", V},
+      {"{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + args_name + '>\\n' }}", Q},
   };
   for (const auto& [src, want] : cases) EXPECT_EQ(std::string(to_string(tool_format_for_template(src))), to_string(want)) << src;
 }
@@ -220,6 +237,8 @@ TEST(ToolCallStart, MarkersAndTheirPrefixes) {
       {"It is sunny.", O, npos}, {"Hi <|chan", O, 3}, {"Hi <|start|>assistant to=", O, 3}, {"a < b", O, npos},
       // DeepSeek: its calls block or a call
       {"Let me check.<｜tool", D, 13}, {"<｜tool▁call▁begin｜>", V, 0}, {"Fine.", V, npos},
+      // Qwen3-Coder: <tool_call> or a bare <function=
+      {"Sure.\n<tool_", Q, 6}, {"Sure.\n<function=get", Q, 6}, {"a < b", Q, npos}, {"x <funct", Q, 2},
   };
   for (const auto& c : cases) EXPECT_EQ(tool_call_start(c.text, c.format), c.start) << to_string(c.format) << ": " << c.text;
 }
@@ -287,6 +306,30 @@ TEST(ToolCallGbnf, MatchesValidCallsOnlyAndParsesBack) {
                 "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": \"A\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
        R"(get_weather({"city":"Paris"}); get_time({"city":"A"}))"},
   };
+  const std::string q_paris = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+  const std::string q_both = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                             "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>";
+  const std::string q_kelvin = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                               "<parameter=unit>\nkelvin\n</parameter>\n</function>\n</tool_call>";
+  const auto q = grammar::parse_gbnf(tool_call_gbnf(tools("weather"), Q, "", false));
+  EXPECT_TRUE(grammar::matches(q, q_paris));
+  EXPECT_EQ(calls_text(parse_tool_calls(q_paris, Q, tools("weather"))), paris);
+  EXPECT_TRUE(grammar::matches(q, q_both));
+  EXPECT_FALSE(grammar::matches(q, q_kelvin));  // not in the enum
+  EXPECT_FALSE(grammar::matches(q, "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"));  // city is required
+  EXPECT_FALSE(grammar::matches(q, "<tool_call>\n<function=get_joke>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(grammar::matches(q, q_paris + "\n" + q_paris));
+  EXPECT_TRUE(grammar::matches(grammar::parse_gbnf(tool_call_gbnf(tools("weather"), Q, "", true)), q_paris + "\n" + q_paris));
+  // Typed parameters: JSON under each property's schema; a string is text (a '<' inside is fine).
+  const auto typed = grammar::parse_gbnf(tool_call_gbnf(tools("typed"), Q, "", false));
+  const std::string search = "<tool_call>\n<function=search_code>\n<parameter=query>\nfn main() {\n    println!(\"<hi>\");\n}\n"
+                             "</parameter>\n<parameter=max_results>\n5\n</parameter>\n<parameter=case_sensitive>\ntrue\n"
+                             "</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(grammar::matches(typed, search));
+  EXPECT_EQ(calls_text(parse_tool_calls(search, Q, tools("typed"))),
+            R"(search_code({"query":"fn main() {\n    println!(\"<hi>\");\n}","max_results":5,"case_sensitive":true}))");
+  EXPECT_FALSE(grammar::matches(typed, "<tool_call>\n<function=search_code>\n<parameter=query>\nx\n</parameter>\n"
+                                       "<parameter=max_results>\nfive\n</parameter>\n</function>\n</tool_call>"));
   for (const auto& c : cases) {
     const grammar::Grammar g = grammar::parse_gbnf(tool_call_gbnf(tools("weather"), c.format, "", c.parallel));
     EXPECT_EQ(grammar::matches(g, c.text), c.calls != nullptr) << to_string(c.format) << ": " << c.text;
