@@ -45,7 +45,13 @@ std::map<std::string, int64_t> input_widths(const Model& model) {
     for (const auto& [kind, m] : {std::pair{"attn_q", &L.wq}, {"attn_k", &L.wk}, {"attn_v", &L.wv},
                                   {"attn_output", &L.wo}, {"ffn_gate", &L.w_gate}, {"ffn_up", &L.w_up},
                                   {"ffn_down", &L.w_down}})
-      w[p + kind + ".weight"] = m->cols;
+      if (!m->empty()) w[p + kind + ".weight"] = m->cols;
+    for (const auto& [kind, m] : {std::pair{"ffn_gate_inp", &L.router}, {"ffn_gate_shexp", &L.sh_gate},
+                                  {"ffn_up_shexp", &L.sh_up}, {"ffn_down_shexp", &L.sh_down}})
+      if (!m->empty()) w[p + kind + ".weight"] = m->cols;
+    for (const auto& [kind, experts] : {std::pair{"ffn_gate_exps", &L.exp_gate}, {"ffn_up_exps", &L.exp_up},
+                                        {"ffn_down_exps", &L.exp_down}})
+      if (!experts->empty()) w[p + kind + ".weight"] = (*experts)[0].cols;
   }
   w["output.weight"] = model.config().n_embd;
   return w;
@@ -59,13 +65,15 @@ void combine(Imatrix& into, const Imatrix& from, const std::string& path, const 
   for (const auto& [name, e] : from.entries) {
     const auto w = widths.find(name);
     check(w != widths.end(), "{}: '{}' is not a weight matrix of this model (an imatrix of another model?)", path, name);
-    check(e.n_per_row() == w->second && e.counts.size() == 1,
+    check(e.n_per_row() == w->second || (e.counts.size() == 1 && e.n_per_row() % w->second == 0),  // .dat: experts' rows
           "{}: '{}' has {} x {} values, this model's matrix takes {} inputs (an imatrix of another model?)", path, name,
           e.counts.size(), e.n_per_row(), w->second);
     ImatrixEntry& d = into.entries[name];
-    if (d.counts.empty()) d.sum2.assign(e.sum2.size(), 0.0), d.counts.assign(1, 0.0);
+    if (d.counts.empty()) d.sum2.assign(e.sum2.size(), 0.0), d.counts.assign(e.counts.size(), 0.0);
+    check(d.counts.size() == e.counts.size(), "{}: '{}' has {} matrices, another file {}", path, name, e.counts.size(),
+          d.counts.size());
     for (size_t i = 0; i < e.sum2.size(); ++i) d.sum2[i] += e.sum2[i] * scale;
-    d.counts[0] += e.counts[0] * scale;
+    for (size_t i = 0; i < e.counts.size(); ++i) d.counts[i] += e.counts[i] * scale;
   }
   into.chunk_count += from.chunk_count;
   if (into.chunk_size == 0) into.chunk_size = from.chunk_size;
@@ -106,6 +114,10 @@ void collect(const ImatrixOptions& o, Model& model, Imatrix& m) {
     if (n_tok < kMinRows || (name == "output.weight" && !o.process_output)) return;
     m.add(name, x, n_tok, cols);
   });
+  // Every expert's rows, however few (llama.cpp collects all of its indirect products).
+  model.set_expert_observer([&](const std::string& name, int64_t e, int64_t n_e, const float* x, int64_t rows, int64_t cols) {
+    m.add(name, x, rows, cols, e, n_e);
+  });
   SingleSequence seq(model, o.ctx);
   Perplexity ppl;
   const bool all_logits = !o.no_ppl || o.process_output;
@@ -124,6 +136,7 @@ void collect(const ImatrixOptions& o, Model& model, Imatrix& m) {
     std::fflush(stdout);
   }
   model.set_matmul_observer(nullptr);
+  model.set_expert_observer(nullptr);
   for (const auto& [name, e] : m.entries)
     for (double v : e.sum2) check(std::isfinite(v), "{}: non-finite activations (the model overflows on this text)", name);
   m.chunk_count += int(chunks.size());

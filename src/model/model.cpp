@@ -387,7 +387,14 @@ void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, Sha
   if (!L.exp_gate.empty()) {
     std::vector<float> h(n_tok * c.n_embd), out(n_tok * c.n_embd);
     rms_norm_rows(x.data(), L.ffn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
-    moe_ffn(c, L, h.data(), n_tok, out.data(), expert_tokens_.data() + il * c.n_expert);
+    // The observers see the router's and shared expert's inputs as matrices, the experts' by expert.
+    const MoeObserver sight = [&](const char* kind, int64_t e, const float* in, int64_t rows, int64_t cols) {
+      const std::string name = "blk." + std::to_string(il) + "." + kind + ".weight";
+      if (e < 0 && observer_) observer_(name, in, rows, cols);
+      if (e >= 0 && expert_observer_) expert_observer_(name, e, c.n_expert, in, rows, cols);
+    };
+    moe_ffn(c, L, h.data(), n_tok, out.data(), expert_tokens_.data() + il * c.n_expert,
+            observer_ || expert_observer_ ? &sight : nullptr);
     return add_rows(x.data(), out.data(), n_tok, c.n_embd);
   }
   const int64_t n_ff = L.w_gate.rows;  // this rank's FFN columns

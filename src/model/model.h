@@ -148,6 +148,11 @@ class ForwardDriver {
 // needs no locking unless one observer serves several models running on different threads. `x` is
 // valid only during the call. A split model (--tp) reports this rank's share of the columns.
 using MatmulObserver = std::function<void(const std::string& weight_name, const float* x, int64_t n_tok, int64_t cols)>;
+// The same for the experts of a mixture-of-experts layer: the rows x[n_rows][cols] that expert
+// `expert` (of n_expert) multiplied with its slice of the stacked weight ("blk.1.ffn_gate_exps.weight",
+// ffn_up_exps, ffn_down_exps). Same threading rules (the experts run one after another while it is set).
+using ExpertObserver = std::function<void(const std::string& weight_name, int64_t expert, int64_t n_expert, const float* x,
+                                          int64_t n_rows, int64_t cols)>;
 
 class Model {
  public:
@@ -182,6 +187,9 @@ class Model {
   // Calls `observer` with the input of every weight matrix product of later forward passes (empty:
   // none; the default, costing one test per product). Not to be changed while a forward runs.
   void set_matmul_observer(MatmulObserver observer) { observer_ = std::move(observer); }
+  // Calls `observer` with the inputs of every expert's products (the router's and shared expert's go
+  // to the matmul observer); empty: none.
+  void set_expert_observer(ExpertObserver observer) { expert_observer_ = std::move(observer); }
   // LoRA adapters that batches may name per token (Batch::adapter); set before serving, or between
   // forward passes on the thread that runs them.
   void set_adapters(std::vector<std::shared_ptr<const LoraAdapter>> adapters) { adapters_ = std::move(adapters); }
@@ -220,6 +228,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<ForwardDriver> driver_;
   MatmulObserver observer_;
+  ExpertObserver expert_observer_;
 
  private:
   std::vector<std::vector<float>> compute_k_centres() const;

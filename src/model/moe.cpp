@@ -31,10 +31,21 @@ void add_row_bias(float* y, const float* b, int64_t m, int64_t n) {
 
 // One expert's SwiGLU over the rows of x [m][n_embd]: y [m][n_embd]. gpt-oss: biases after each
 // product and OpenAI's clamped SwiGLU (ModelConfig::swiglu_oai).
+// Reports an FFN's two inputs to `observe` (null: none): x for gate and up, the activations for down.
+struct FfnSight {
+  const MoeObserver* observe = nullptr;
+  const char *gate = "", *up = "", *down = "";
+  int64_t expert = -1;
+};
+
 void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMatrix& up_w, const WeightMatrix& down_w,
-                const float* x, int64_t m, float* y, ExpertBias bias = {}) {
+                const float* x, int64_t m, float* y, ExpertBias bias = {}, const FfnSight& sight = {}) {
   const int64_t n_ff = gate_w.rows;
   std::vector<float> gate(size_t(m * n_ff)), up(size_t(m * n_ff));
+  if (sight.observe) {
+    (*sight.observe)(sight.gate, sight.expert, x, m, gate_w.cols);
+    (*sight.observe)(sight.up, sight.expert, x, m, up_w.cols);
+  }
   const cpu::MatmulOut gate_up[] = {{&gate_w, gate.data()}, {&up_w, up.data()}};
   cpu::matmul_many(gate_up, x, m);
   add_row_bias(gate.data(), bias.gate, m, n_ff);
@@ -44,15 +55,18 @@ void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMa
     if (c.swiglu_oai) cpu::glu_oai(g, up.data() + t * n_ff, g, n_ff, c.swiglu_alpha, c.swiglu_limit);
     else cpu::glu(cpu::GluKind::Silu, g, up.data() + t * n_ff, g, n_ff);
   });
+  if (sight.observe) (*sight.observe)(sight.down, sight.expert, gate.data(), m, n_ff);
   cpu::matmul(down_w, gate.data(), y, m);
   add_row_bias(y, bias.down, m, down_w.rows);
 }
 
 // out[t] += sigmoid(gate . h[t]) * SwiGLU_shared(h[t]) (Qwen2-MoE's shared expert; DeepSeek's have no
 // gate: added as they are).
-void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out) {
+void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out,
+                       const MoeObserver* observe) {
   std::vector<float> y(size_t(n_tok * c.n_embd));
-  expert_ffn(c, L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data());
+  expert_ffn(c, L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data(), {},
+             {observe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", -1});
   parallel_for(n_tok, [&](int64_t t) {
     const float g = L.sh_router.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
     float* o = out + t * c.n_embd;
@@ -103,9 +117,10 @@ MoeRouting route_tokens(const ModelConfig& c, const float* logits, int64_t n_tok
 }
 
 void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out,
-             std::atomic<uint64_t>* expert_tokens) {
+             std::atomic<uint64_t>* expert_tokens, const MoeObserver* observe) {
   const int64_t d = c.n_embd;
   std::vector<float> logits(size_t(n_tok * c.n_expert));
+  if (observe) (*observe)("ffn_gate_inp", -1, h, n_tok, d);
   cpu::matmul(L.router, h, logits.data(), n_tok);
   add_row_bias(logits.data(), L.router_b.empty() ? nullptr : L.router_b.data(), n_tok, c.n_expert);
   const MoeRouting r = route_tokens(c, logits.data(), n_tok);
@@ -129,14 +144,15 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
     ExpertBias bias;
     if (!L.exp_gate_b.empty())
       bias = {L.exp_gate_b.data() + e * c.n_ff_exp, L.exp_up_b.data() + e * c.n_ff_exp, L.exp_down_b.data() + e * d};
-    expert_ffn(c, L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data(), bias);
+    expert_ffn(c, L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data(), bias,
+               {observe, "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", e});
     for (int64_t i = 0; i < m; ++i) std::copy_n(y.begin() + i * d, d, ys.begin() + entries[size_t(i)] * d);
   };
   // Decode and small batches: each expert's few rows are matrix-vector products, so the experts run
   // side by side, one task each (their own products then run inline), instead of one parallel job per
   // product. Larger batches: the experts one after another, each product tiled over the threads.
   // Either way each row is the same function of its inputs (the kernels do not depend on the split).
-  if (int64_t(active.size()) >= 2 * pool_threads() && most <= 4)
+  if (!observe && int64_t(active.size()) >= 2 * pool_threads() && most <= 4)
     parallel_for(int64_t(active.size()), [&](int64_t i) { run_expert(active[size_t(i)]); });
   else
     for (int64_t e : active) run_expert(e);
@@ -150,7 +166,7 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
       for (int64_t i = 0; i < d; ++i) o[i] += w * yj[i];
     }
   });
-  if (c.n_ff_shexp > 0) add_shared_expert(c, L, h, n_tok, out);
+  if (c.n_ff_shexp > 0) add_shared_expert(c, L, h, n_tok, out, observe);
 }
 
 }  // namespace serval

@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/config.h"
@@ -28,7 +29,11 @@ MoeRouting route_tokens(const ModelConfig& config, const float* logits, int64_t 
 // shared expert, if any). A token's result depends only on its own row: which other tokens chose the
 // same experts changes the grouping, never the arithmetic. `expert_tokens` (n_expert counters, or
 // null) counts the tokens each expert ran.
+// Sees the inputs of the layer's products (imatrix): kind is "ffn_gate_inp", "ffn_{gate,up,down}_shexp"
+// (expert -1) or "ffn_{gate,up,down}_exps" (expert e of n_expert). While set, experts run one after
+// another, so it is never called concurrently.
+using MoeObserver = std::function<void(const char* kind, int64_t expert, const float* x, int64_t n_rows, int64_t cols)>;
 void moe_ffn(const ModelConfig& config, const LayerWeights& layer, const float* h, int64_t n_tok, float* out,
-             std::atomic<uint64_t>* expert_tokens = nullptr);
+             std::atomic<uint64_t>* expert_tokens = nullptr, const MoeObserver* observe = nullptr);
 
 }  // namespace serval

@@ -140,26 +140,33 @@ void save_dat(const Imatrix& m, const std::string& path) {
 
 }  // namespace
 
-void Imatrix::add(const std::string& name, const float* x, int64_t n_rows, int64_t cols) {
+void Imatrix::add(const std::string& name, const float* x, int64_t n_rows, int64_t cols, int64_t mat, int64_t n_mat) {
   ImatrixEntry& e = entries[name];
-  if (e.counts.empty()) e.sum2.assign(size_t(cols), 0.0), e.counts.assign(1, 0.0);
-  check(e.n_per_row() == cols, "imatrix: {} was {} wide, now {}", name, e.n_per_row(), cols);
+  if (e.counts.empty()) e.sum2.assign(size_t(cols * n_mat), 0.0), e.counts.assign(size_t(n_mat), 0.0);
+  check(e.n_per_row() == cols && int64_t(e.counts.size()) == n_mat && mat >= 0 && mat < n_mat,
+        "imatrix: {} was {} x {}, now {} x {}", name, e.counts.size(), e.n_per_row(), n_mat, cols);
+  double* sum2 = e.sum2.data() + mat * cols;
   for (int64_t r = 0; r < n_rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) e.sum2[size_t(j)] += double(x[r * cols + j]) * x[r * cols + j];
-  e.counts[0] += double(n_rows);
+    for (int64_t j = 0; j < cols; ++j) sum2[j] += double(x[r * cols + j]) * x[r * cols + j];
+  e.counts[size_t(mat)] += double(n_rows);
 }
 
-std::vector<float> Imatrix::importance(const std::string& name, int64_t cols) const {
+std::vector<float> Imatrix::importance(const std::string& name, int64_t cols, int64_t n_mat) const {
   const auto it = entries.find(name);
   if (it == entries.end()) return {};
   const ImatrixEntry& e = it->second;
-  check(e.n_per_row() == cols, "imatrix entry {} is {} wide, the tensor's rows are {}", name, e.n_per_row(), cols);
-  check(e.counts.size() == 1, "imatrix entry {}: {} matrices (expert tensors are not supported)", name, e.counts.size());
-  std::vector<float> w(static_cast<size_t>(cols));
-  for (int64_t j = 0; j < cols; ++j) {
-    w[size_t(j)] = e.counts[0] > 0 ? float(e.sum2[size_t(j)] / e.counts[0]) : 1.0f;
-    check(std::isfinite(w[size_t(j)]), "imatrix entry {} has a non-finite value at column {}", name, j);
-  }
+  // A .dat file keeps one count per weight: its expert tensors' values are n_mat rows under that count.
+  const bool one_count = e.counts.size() == 1 && int64_t(e.sum2.size()) == cols * n_mat;
+  check(one_count || e.n_per_row() == cols, "imatrix entry {} is {} wide, the tensor's rows are {}", name, e.n_per_row(), cols);
+  check(one_count || int64_t(e.counts.size()) == n_mat, "imatrix entry {} has {} matrices, the tensor {}", name,
+        e.counts.size(), n_mat);
+  std::vector<float> w(static_cast<size_t>(cols * n_mat));
+  for (int64_t m = 0; m < n_mat; ++m)
+    for (int64_t j = 0; j < cols; ++j) {
+      const double n = e.counts[one_count ? 0 : size_t(m)];
+      const float v = w[size_t(m * cols + j)] = n > 0 ? float(e.sum2[size_t(m * cols + j)] / n) : 1.0f;
+      check(std::isfinite(v), "imatrix entry {} has a non-finite value at column {}", name, j);
+    }
   return w;
 }
 

@@ -23,11 +23,13 @@ struct Imatrix {
   std::vector<std::string> datasets;
   int chunk_count = 0, chunk_size = 0;
 
-  // Adds the rows x[n_rows][cols] that multiplied weight `name` (matrix 0).
-  void add(const std::string& name, const float* x, int64_t n_rows, int64_t cols);
-  // llama-quantize's importance of each column of `name`: the mean square activation; empty when the
-  // matrix has no entry. Throws Error when the entry's width is not `cols`.
-  std::vector<float> importance(const std::string& name, int64_t cols) const;
+  // Adds the rows x[n_rows][cols] that multiplied matrix `mat` of weight `name`, a stack of n_mat
+  // matrices (the experts of a 3-D ffn_*_exps tensor; 1 for a plain matrix).
+  void add(const std::string& name, const float* x, int64_t n_rows, int64_t cols, int64_t mat = 0, int64_t n_mat = 1);
+  // llama-quantize's importance of each column of each of the n_mat matrices of `name` ([n_mat][cols]):
+  // the mean square activation (1 for a matrix that saw no rows, as an expert no token chose); empty
+  // when the weight has no entry. Throws Error when the entry's shape is not n_mat x cols.
+  std::vector<float> importance(const std::string& name, int64_t cols, int64_t n_mat = 1) const;
 };
 
 // Reads either format (GGUF by its magic); throws Error naming the file and the problem.

@@ -294,9 +294,14 @@ void rescale_row(const ChannelRescale& x, int64_t r, float* row, int64_t cols) {
 std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, std::vector<float> importance,
                                     const ChannelRescale* rescale) {
   if (rescale && !rescale->col_mul.empty() && !importance.empty())  // the activations become x / s
-    for (size_t j = 0; j < importance.size(); ++j) importance[j] /= rescale->col_mul[j] * rescale->col_mul[j];
+    for (size_t j = 0; j < importance.size(); ++j) {
+      const float m = rescale->col_mul[j % rescale->col_mul.size()];
+      importance[j] /= m * m;
+    }
   const int64_t cols = int64_t(t.row_len()), rows = int64_t(t.n_rows());
   const size_t in_row = row_bytes(t.type, size_t(cols)), out_row = row_bytes(to, size_t(cols));
+  // One importance row per matrix of the stack (the experts of a 3-D tensor), each for its rows.
+  const int64_t n_mat = importance.empty() ? 1 : int64_t(importance.size()) / cols, rows_per_mat = rows / n_mat;
   std::vector<uint8_t> out(size_t(rows) * out_row);
   const int64_t chunk = std::max<int64_t>(1, 16384 / cols);  // rows per task
   parallel_for((rows + chunk - 1) / chunk, [&](int64_t task) {
@@ -305,7 +310,7 @@ std::vector<uint8_t> convert_tensor(const TensorRef& t, DType to, std::vector<fl
       dequantize_row(t.type, t.data + size_t(r) * in_row, row.data(), size_t(cols));
       if (rescale) rescale_row(*rescale, r, row.data(), cols);
       quantize_row(to, row.data(), out.data() + size_t(r) * out_row, size_t(cols),
-                   importance.empty() ? nullptr : importance.data());
+                   importance.empty() ? nullptr : importance.data() + (r / rows_per_mat) * cols);
     }
   });
   return out;
@@ -383,12 +388,14 @@ QuantizeReport quantize_file(const std::string& in_path, const std::string& out_
     rep.bytes_in += t.nbytes;
     rep.n_params += t.n_elements();
     if (c.convert) {
-      const auto importance = o.imatrix && is_quantized(c.to) ? o.imatrix->importance(c.name, int64_t(t.row_len()))
+      const int64_t n_mat = t.ne.size() == 3 ? int64_t(t.ne[2]) : 1;  // a stack of experts: one row each
+      const auto importance = o.imatrix && is_quantized(c.to) ? o.imatrix->importance(c.name, int64_t(t.row_len()), n_mat)
                                                                : std::vector<float>{};
       if (o.imatrix && is_quantized(c.to) && importance.empty()) ++rep.without_imatrix;
       const auto it = awq.rescale.find(c.name);
       const auto h = hessian_for(o, c, t);
       rep.gptq += h != nullptr;
+      check(!h || n_mat == 1, "{}: GPTQ of stacked expert matrices is not supported", c.name);
       const auto bytes = h ? gptq_tensor(t, c.to, *h, o, importance)
                            : convert_tensor(t, c.to, importance, it == awq.rescale.end() ? nullptr : &it->second);
       w.add_tensor(c.name, t.ne, uint32_t(c.to), bytes.data(), bytes.size());

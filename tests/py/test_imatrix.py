@@ -141,3 +141,36 @@ def test_clear_errors(tmp_path, outputs):
         assert p.returncode == 1 and msg in p.stderr, (args, p.stderr)
         assert p.stderr.count("\n") <= 2, p.stderr
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_mixture_of_experts_by_expert(tmp_path):
+    """The tiny Qwen2-MoE (tests/data/families: 6 experts, top 3, a shared expert), converted to F32: the
+    imatrix keeps a row of sums per expert (in_sum2 [n_embd, 6], counts [1, 6] as llama-imatrix writes
+    stacked experts; the rows over the experts 3 x the router's), the router and shared expert as plain
+    matrices; `quantize --imatrix` then weights each expert's rows by its own row (the bytes differ from
+    a quantization without it, and the model still loads and runs), and the .dat form agrees."""
+    f32 = tmp_path / "moe-f32.gguf"
+    run("convert", DATA / "families" / "qwen2moe", f32, "--outtype", "f32")
+    run("imatrix", "-m", f32, "-f", TEXT, "-c", 64, "--chunks", 2, "-o", tmp_path / "moe.gguf", "--no-ppl", timeout=120)
+    run("imatrix", "-m", f32, "-f", TEXT, "-c", 64, "--chunks", 2, "-o", tmp_path / "moe.dat", "--no-ppl", timeout=120)
+    _, t = read_gguf(tmp_path / "moe.gguf")
+    shape, sums = t["blk.0.ffn_gate_exps.weight.in_sum2"]
+    assert shape == [64, 6]  # ne order: n_per_row, then the experts
+    counts = t["blk.0.ffn_gate_exps.weight.counts"][1]
+    router = t["blk.0.ffn_gate_inp.weight.counts"][1]
+    assert counts.sum() == 3 * router[0] and (counts > 0).sum() > 1
+    np.testing.assert_allclose(sums.reshape(6, 64).sum(0), 3 * t["blk.0.ffn_gate_inp.weight.in_sum2"][1], rtol=1e-6)
+    assert t["blk.0.ffn_down_exps.weight.in_sum2"][0] == [32, 6]
+    assert t["blk.0.ffn_gate_shexp.weight.counts"][1][0] == router[0]
+    entries, _, _ = read_dat(tmp_path / "moe.dat")
+    ncall, values = entries["blk.0.ffn_gate_exps.weight"]
+    mean = sums.reshape(6, 64) / np.maximum(counts, 1)[:, None]
+    np.testing.assert_allclose(values.reshape(6, 64)[counts > 0] / ncall, mean[counts > 0], rtol=1e-5)
+    outs = {}
+    for name, extra in (("plain", []), ("gguf", ["--imatrix", tmp_path / "moe.gguf"]), ("dat", ["--imatrix", tmp_path / "moe.dat"])):
+        outs[name] = tmp_path / f"moe-q4k-{name}.gguf"
+        run("quantize", f32, outs[name], "Q4_K_M", *extra)
+    exps = {n: next(t for t in GGUFReader(p).tensors if t.name == "blk.0.ffn_gate_exps.weight") for n, p in outs.items()}
+    assert exps["plain"].tensor_type == exps["gguf"].tensor_type
+    assert not np.array_equal(np.asarray(exps["plain"].data), np.asarray(exps["gguf"].data))
+    run("score", "-m", outs["gguf"], "-p", "Once upon a time", "--ids", "1,2,3")

@@ -113,6 +113,52 @@ std::map<std::string, Seen> observe(Model& model, const std::vector<int32_t>& to
   return seen;
 }
 
+// Mixture of experts (the tiny Qwen2-MoE of tests/data/families: 6 experts, top 3, a shared expert):
+// the router and shared expert are seen as matrices, each expert's rows with its index. Every token's
+// normed row goes to k experts, so over the experts the gate inputs add up to k times the router's
+// (the same rows), and the rows to k x tokens; the imatrix keeps one row of sums per expert.
+TEST(MatmulObserver, ExpertsSeenOneByOne) {
+  auto model = Model::load(std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/qwen2moe");
+  const auto& c = model->config();
+  const std::vector<int32_t> tokens = {1, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416};
+  Imatrix im;
+  std::map<std::string, int64_t> expert_cols;
+  model->set_expert_observer([&](const std::string& name, int64_t e, int64_t n_e, const float* x, int64_t rows, int64_t cols) {
+    EXPECT_EQ(n_e, c.n_expert);
+    expert_cols[name] = cols;
+    im.add(name, x, rows, cols, e, n_e);
+  });
+  const auto seen = observe(*model, tokens, &im);
+  model->set_expert_observer(nullptr);
+  const int64_t n = int64_t(tokens.size());
+  EXPECT_EQ(seen.at("blk.0.ffn_gate_inp.weight").rows, n);
+  EXPECT_EQ(seen.at("blk.0.ffn_gate_shexp.weight").rows, n);
+  EXPECT_EQ(seen.at("blk.0.ffn_down_shexp.weight").cols, c.n_ff_shexp);
+  EXPECT_EQ(expert_cols.at("blk.0.ffn_gate_exps.weight"), c.n_embd);
+  EXPECT_EQ(expert_cols.at("blk.0.ffn_down_exps.weight"), c.n_ff_exp);
+  const ImatrixEntry& gate = im.entries.at("blk.0.ffn_gate_exps.weight");
+  const ImatrixEntry& router = im.entries.at("blk.0.ffn_gate_inp.weight");
+  ASSERT_EQ(int64_t(gate.counts.size()), c.n_expert);
+  double rows = 0;
+  for (double r : gate.counts) rows += r;
+  EXPECT_EQ(rows, double(n * c.n_expert_used));
+  int64_t used = 0;
+  for (double r : gate.counts) used += r > 0;
+  EXPECT_GT(used, 1) << "the test needs tokens spread over several experts";
+  for (int64_t j = 0; j < c.n_embd; ++j) {
+    double total = 0;
+    for (int64_t e = 0; e < c.n_expert; ++e) total += gate.sum2[size_t(e * c.n_embd + j)];
+    EXPECT_NEAR(total, double(c.n_expert_used) * router.sum2[size_t(j)], 1e-9 * (1 + total)) << j;
+  }
+  const auto imp = im.importance("blk.0.ffn_gate_exps.weight", c.n_embd, c.n_expert);
+  ASSERT_EQ(int64_t(imp.size()), c.n_expert * c.n_embd);
+  for (int64_t e = 0; e < c.n_expert; ++e) {
+    const double rows_e = gate.counts[size_t(e)];
+    EXPECT_FLOAT_EQ(imp[size_t(e * c.n_embd)], rows_e > 0 ? float(gate.sum2[size_t(e * c.n_embd)] / rows_e) : 1.0f);
+  }
+  EXPECT_THROW(im.importance("blk.0.ffn_gate_exps.weight", c.n_embd, 1), Error);
+}
+
 TEST(MatmulObserver, SeesEveryWeightWithItsWidth) {
   auto model = Model::load(test::shared_path("models/stories260K.gguf"));
   const auto tokens = model->tokenizer().encode("Once upon a time, there was a little girl named Lily.", true);
