@@ -760,6 +760,9 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   } catch (const json::exception& e) {
     fail("{}: missing or mistyped field: {}", config_path, e.what());
   }
+  // A decoder's config.json is checked as loading it would check it (what Serval cannot run is refused
+  // here too, not written into a file that then fails to load).
+  if (a.arch != "bert") config_from_hf(config_path);
   const Checkpoint ckpt = open_checkpoint(dir);
   GptOssExperts gpt_oss([&ckpt](const std::string& n) -> const TensorRef* {
     const auto it = ckpt.tensors.find(n);

@@ -294,6 +294,20 @@ def test_unknown_rope_is_refused_not_defaulted(tmp_path, convert):
     assert "dynamic" in err
 
 
+@pytest.mark.parametrize("convert", [True, False])
+@pytest.mark.parametrize("change,named", [
+    (lambda c: c.update(scoring_func="sigmoid"), "sigmoid"),             # DeepSeek-V3's router
+    (lambda c: c.update(topk_method="noaux_tc"), "noaux_tc"),
+    (lambda c: c.update(attention_bias=True), "attention biases"),
+    (lambda c: c.update(kv_lora_rank=0), "kv_lora_rank"),
+    (lambda c: c.update(topk_method="group_limited_greedy", n_group=3, topk_group=1), "expert groups"),  # 8 % 3
+    (lambda c: c.pop("qk_rope_head_dim"), "qk_rope_head_dim"),
+])
+def test_deepseek2_configurations_it_cannot_run_are_refused(tmp_path, convert, change, named):
+    err = refused(tmp_path, "deepseek2", change, convert=convert)
+    assert named in err, err
+
+
 def test_gpt_oss_mxfp4_experts_match_the_gguf_package(converted, tmp_path):
     """llama-quantize's MXFP4_MOE on gpt-oss: the experts in MXFP4 (byte for byte what the PyPI `gguf`
     package's MXFP4 quantizer writes from the same F32 values), the rest Q8_0; the model then runs
