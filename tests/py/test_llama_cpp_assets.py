@@ -72,7 +72,6 @@ TOOL_TURN = [{"role": "user", "content": "Weather in Paris?"},
              {"role": "assistant", "content": "", "tool_calls": [
                  {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
              {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]
-TODAY = datetime.date(2026, 12, 6)
 
 
 def reference_render(source, messages, gen, **extra):
@@ -87,7 +86,7 @@ def reference_render(source, messages, gen, **extra):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda f: TODAY.strftime(f)
+    env.globals["strftime_now"] = lambda f: datetime.datetime.now().strftime(f)  # local time, as Serval's
     return env.from_string(source).render(messages=messages, add_generation_prompt=gen, bos_token="<s>",
                                           eos_token="</s>", **extra)
 
