@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <unistd.h>
 
@@ -117,6 +118,32 @@ std::map<std::string, Seen> observe(Model& model, const std::vector<int32_t>& to
 // the router and shared expert are seen as matrices, each expert's rows with its index. Every token's
 // normed row goes to k experts, so over the experts the gate inputs add up to k times the router's
 // (the same rows), and the rows to k x tokens; the imatrix keeps one row of sums per expert.
+// A hand-written .dat: an entry with ncall 0 is taken as one call (its values the mean squares);
+// one with no values, or an absurd count, is an error naming the entry.
+TEST(Imatrix, DatEdgeCasesAndHostileCounts) {
+  auto dat = [](int32_t ncall, std::vector<float> values) {
+    std::string b;
+    auto i32 = [&](int32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); };
+    i32(1);
+    i32(1);
+    b += "w";
+    i32(ncall);
+    i32(int32_t(values.size()));
+    b.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+    const std::string path = temp_file(".dat");
+    std::ofstream(path, std::ios::binary) << b;
+    return path;
+  };
+  const std::string zero = dat(0, {4.0f, 8.0f});
+  const Imatrix m = load_imatrix(zero);
+  std::filesystem::remove(zero);
+  EXPECT_EQ(m.entries.at("w").counts, std::vector<double>{1.0});
+  EXPECT_EQ(m.importance("w", 2), (std::vector<float>{4.0f, 8.0f}));
+  const std::string empty = dat(1, {});
+  EXPECT_NE(test::error_message([&] { load_imatrix(empty); }).find("entry w has 0 values"), std::string::npos);
+  std::filesystem::remove(empty);
+}
+
 TEST(MatmulObserver, ExpertsSeenOneByOne) {
   auto model = Model::load(std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/qwen2moe");
   const auto& c = model->config();
