@@ -56,7 +56,7 @@ void add_export_shape(CLI::App& app) {
 }
 
 void add_convert(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Mixtral, Qwen2, Qwen3, Qwen2/Qwen3-MoE, OLMoE, gpt-oss, Gemma 2, Gemma 3, Phi-3, BERT) or a PEFT LoRA adapter to GGUF");
+  auto* cmd = app.add_subcommand("convert", "convert a Hugging Face checkpoint (Llama, Mixtral, Qwen2, Qwen3, Qwen2/Qwen3-MoE, OLMoE, gpt-oss, DeepSeek-V2, Gemma 2, Gemma 3, Phi-3, BERT) or a PEFT LoRA adapter to GGUF");
   auto o = std::make_shared<ConvertCliOptions>();
   cmd->add_option("hf_dir", o->dir, "directory with config.json, safetensors (or an index and shards), tokenizer.json")
       ->required();

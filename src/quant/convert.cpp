@@ -89,7 +89,7 @@ std::string arch_of(const json& config, const std::string& path) {
   const auto it = known.find(a[0].get<std::string>());
   check(it != known.end(),
         "{}: unsupported architecture '{}' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
+        "Qwen2MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, DeepseekV2ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, BertModel, BertForSequenceClassification)",
         path, a[0].get<std::string>());
   return it->second;
 }
