@@ -20,13 +20,18 @@ void set_shard(ModelConfig& c, const LoadOptions& o) {
   if (o.tp * o.pp > 1) c.shard = make_shard_layout(c, o.tp, o.pp, o.tp_rank, o.stage);
 }
 
+// A GGUF file; with LoadOptions::dummy its header alone (a shape file or any GGUF), the weights made by
+// DummyTensors instead of read.
 class GgufModel : public Model {
  public:
-  GgufModel(const std::string& path, const LoadOptions& options) : file_(path) {
+  GgufModel(const std::string& path, const LoadOptions& options)
+      : file_(path, options.dummy ? GgufFile::Data::Absent : GgufFile::Data::Required),
+        dummy_(options.dummy ? std::make_unique<DummyTensors>(file_, options.dummy_seed) : nullptr) {
     path_ = path;
     config_ = config_from_gguf(file_);
     set_shard(config_, options);
-    weights_ = bind_weights(config_, [this](const std::string& n) { return file_.find_tensor(n); }, path);
+    auto lookup = [this](const std::string& n) { return dummy_ ? dummy_->find(n) : file_.find_tensor(n); };
+    weights_ = bind_weights(config_, lookup, path, /*reloadable=*/!dummy_);
     Vocab vocab = options.tokenizer_json.empty() ? vocab_from_gguf(file_) : vocab_from_tokenizer_json(options.tokenizer_json);
     check(int64_t(vocab.tokens.size()) == config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", path,
           vocab.tokens.size(), config_.n_vocab);
@@ -35,26 +40,7 @@ class GgufModel : public Model {
 
  private:
   GgufFile file_;
-};
-
-// --load-format dummy: the header of a GGUF (shape file or whole), the weights made by DummyTensors.
-class DummyModel : public Model {
- public:
-  DummyModel(const std::string& path, const LoadOptions& options)
-      : file_(path, GgufFile::Data::Absent), tensors_(file_, options.dummy_seed) {
-    path_ = path;
-    config_ = config_from_gguf(file_);
-    set_shard(config_, options);
-    weights_ = bind_weights(config_, [this](const std::string& n) { return tensors_.find(n); }, path, /*reloadable=*/false);
-    Vocab vocab = options.tokenizer_json.empty() ? vocab_from_gguf(file_) : vocab_from_tokenizer_json(options.tokenizer_json);
-    check(int64_t(vocab.tokens.size()) == config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", path,
-          vocab.tokens.size(), config_.n_vocab);
-    tokenizer_ = std::make_unique<Tokenizer>(std::move(vocab));
-  }
-
- private:
-  GgufFile file_;
-  DummyTensors tensors_;
+  std::unique_ptr<DummyTensors> dummy_;
 };
 
 using RenameRules = std::vector<std::pair<std::regex, std::string>>;
@@ -178,7 +164,7 @@ std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& op
   if (options.dummy) {
     check(!fs::is_directory(p) && p.extension() != ".safetensors",
           "{}: --load-format dummy takes a GGUF file or shape file (serval export-shape; convert a directory first)", path);
-    return std::make_unique<DummyModel>(path, options);
+    return std::make_unique<GgufModel>(path, options);
   }
   if (fs::is_directory(p)) {
     const fs::path weights = p / "model.safetensors";
