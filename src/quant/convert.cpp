@@ -131,6 +131,17 @@ void add_common_hparams(GgufWriter& w, const std::string& a, const json& c, cons
   }
 }
 
+// YaRN's keys under `p` ("arch."): type, factor, original context, betas where not 32 / 1, and
+// Serval's serval.rope.yarn_truncate = false where config.json says so.
+void add_yarn_keys(GgufWriter& w, const std::string& p, const HfRope& rope) {
+  w.add_string(p + "rope.scaling.type", "yarn");
+  w.add_f32(p + "rope.scaling.factor", rope.yarn_factor);
+  w.add_u32(p + "rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
+  if (rope.beta_fast != 32.0f) w.add_f32(p + "rope.scaling.yarn_beta_fast", rope.beta_fast);
+  if (rope.beta_slow != 1.0f) w.add_f32(p + "rope.scaling.yarn_beta_slow", rope.beta_slow);
+  if (!rope.truncate) w.add_value("serval.rope.yarn_truncate", {GgufValueType::BOOL, false});
+}
+
 // RoPE scaling keys as llama.cpp's converter writes them: linear (type, factor); yarn (type, factor,
 // original context, betas where not 32/1, attn_factor where transformers' factor is not llama.cpp's
 // 0.1 ln s + 1, and Serval's own serval.rope.yarn_truncate = false where config.json says so);
@@ -143,14 +154,9 @@ void add_rope_scaling(GgufWriter& w, const std::string& a, const json& c, const 
     w.add_f32(a + ".rope.scaling.factor", rope.linear_factor);
   }
   if (rope.type == "yarn") {
-    w.add_string(a + ".rope.scaling.type", "yarn");
-    w.add_f32(a + ".rope.scaling.factor", rope.yarn_factor);
-    w.add_u32(a + ".rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
-    if (rope.beta_fast != 32.0f) w.add_f32(a + ".rope.scaling.yarn_beta_fast", rope.beta_fast);
-    if (rope.beta_slow != 1.0f) w.add_f32(a + ".rope.scaling.yarn_beta_slow", rope.beta_slow);
+    add_yarn_keys(w, a + ".", rope);
     const double llama_cpp = rope.yarn_factor > 1 ? 1.0 + 0.1 * std::log(double(rope.yarn_factor)) : 1.0;
     if (std::abs(rope.attn_factor / llama_cpp - 1.0) > 1e-7) w.add_f32(a + ".rope.scaling.attn_factor", float(rope.attn_factor / llama_cpp));
-    if (!rope.truncate) w.add_value("serval.rope.yarn_truncate", {GgufValueType::BOOL, false});
   } else if (rope.type == "longrope") {
     w.add_u32(a + ".rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
     w.add_f32(a + ".rope.scaling.attn_factor", rope.attn_factor);
@@ -286,12 +292,7 @@ void add_deepseek2_hparams(GgufWriter& w, const json& c, const std::string& path
   const HfRope rope = hf_rope(c, path);
   check(std::abs(rope.attn_factor - 1.0f) < 1e-6f, "{}: YaRN mscale differs from mscale_all_dim: GGUF's deepseek2 cannot express it", path);
   if (rope.type == "yarn") {
-    w.add_string(a + "rope.scaling.type", "yarn");
-    w.add_f32(a + "rope.scaling.factor", rope.yarn_factor);
-    w.add_u32(a + "rope.scaling.original_context_length", uint32_t(rope.orig_ctx));
-    if (rope.beta_fast != 32.0f) w.add_f32(a + "rope.scaling.yarn_beta_fast", rope.beta_fast);
-    if (rope.beta_slow != 1.0f) w.add_f32(a + "rope.scaling.yarn_beta_slow", rope.beta_slow);
-    if (!rope.truncate) w.add_value("serval.rope.yarn_truncate", {GgufValueType::BOOL, false});
+    add_yarn_keys(w, a, rope);
     const auto& set = c.contains("rope_parameters") ? c["rope_parameters"] : c["rope_scaling"];
     w.add_f32(a + "rope.scaling.yarn_log_multiplier", 0.1f * set.value("mscale_all_dim", 0.0f));
   } else {
