@@ -89,6 +89,7 @@ void GgufWriter::add_tensor_info(const std::string& name, const std::vector<uint
   put<uint32_t>(infos_, type);
   put<uint64_t>(infos_, info_only_end_);
   info_only_end_ += bytes;
+  info_bytes_.push_back(bytes);
   ++n_tensors_;
 }
 
@@ -124,19 +125,48 @@ std::vector<uint8_t> GgufWriter::header() const {
   return head;
 }
 
-void GgufWriter::write(const std::string& path) const {
+void GgufWriter::write_with(const std::string& path, const std::function<bool(std::FILE*)>& body) const {
   const std::vector<uint8_t> head = header();
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   check(f != nullptr, "cannot write '{}': {}", tmp, std::strerror(errno));
-  const bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size() &&
-                  std::fwrite(data_.data(), 1, data_.size(), f) == data_.size();
+  bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
+  try {
+    ok = ok && body(f);
+  } catch (...) {
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
   const bool closed = std::fclose(f) == 0;
   if (!ok || !closed) {
     std::remove(tmp.c_str());
     fail("writing '{}' failed (disk full?)", path);
   }
   std::filesystem::rename(tmp, path);
+}
+
+void GgufWriter::write(const std::string& path) const {
+  write_with(path, [&](FILE* f) { return std::fwrite(data_.data(), 1, data_.size(), f) == data_.size(); });
+}
+
+void GgufWriter::write(const std::string& path,
+                       const std::function<void(size_t i, std::vector<uint8_t>& bytes)>& tensor_bytes) const {
+  check(data_.empty(), "internal: a streamed GGUF holds tensor entries without data only");
+  write_with(path, [&](FILE* f) {
+    std::vector<uint8_t> bytes;
+    uint64_t written = 0;
+    for (size_t i = 0; i < info_bytes_.size(); ++i) {
+      const uint64_t pad = (written + kAlign - 1) / kAlign * kAlign - written;
+      bytes.assign(size_t(pad), 0);
+      if (std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) return false;
+      bytes.assign(size_t(info_bytes_[i]), 0);
+      tensor_bytes(i, bytes);
+      if (std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) return false;
+      written += pad + info_bytes_[i];
+    }
+    return true;
+  });
 }
 
 }  // namespace serval

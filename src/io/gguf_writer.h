@@ -1,6 +1,8 @@
 // Writes GGUF version 3 files (metadata, then tensors aligned to 32 bytes), as the reader reads them.
 // Used for files Serval makes itself: decoding heads (F32 tensors) and `serval quantize` (any type).
 #pragma once
+#include <cstdio>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,12 +31,18 @@ class GgufWriter {
   std::vector<uint8_t> header() const;
   // Writes the file (through a temporary, renamed on success); throws Error.
   void write(const std::string& path) const;
+  // The same for a file of add_tensor_info entries, tensor i's bytes (as many as its entry said) made by
+  // `tensor_bytes` into the buffer given, one tensor at a time (streamed, never all in memory).
+  void write(const std::string& path, const std::function<void(size_t i, std::vector<uint8_t>& bytes)>& tensor_bytes) const;
 
  private:
   std::vector<uint8_t> kv_, infos_, data_;
   uint64_t n_kv_ = 0, n_tensors_ = 0;
   uint64_t info_only_end_ = 0;  // data bytes the add_tensor_info entries stand for
+  std::vector<uint64_t> info_bytes_;  // each add_tensor_info entry's bytes
   bool info_only_ = false;
+  // The header, then what `body` writes (false: failed), through a temporary renamed on success.
+  void write_with(const std::string& path, const std::function<bool(std::FILE*)>& body) const;
 };
 
 }  // namespace serval

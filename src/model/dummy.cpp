@@ -4,9 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -112,29 +110,8 @@ void export_shape(const std::string& model, const std::string& out, bool full, u
     if (key != kShapeOnlyKey && key != "general.alignment") w.add_value(key, value);
   if (!full) w.add_value(kShapeOnlyKey, {GgufValueType::BOOL, true});
   for (const TensorRef& t : in.tensors()) w.add_tensor_info(t.name, t.ne, uint32_t(t.type), t.nbytes);
-  const std::vector<uint8_t> head = w.header();
-  const std::string tmp = out + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  check(f != nullptr, "cannot write '{}': {}", tmp, std::strerror(errno));
-  bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
-  uint64_t written = 0;
-  std::vector<uint8_t> bytes;
-  for (size_t i = 0; ok && full && i < in.tensors().size(); ++i) {
-    const TensorRef& t = in.tensors()[i];
-    const uint64_t pad = (written + GgufWriter::kAlignment - 1) / GgufWriter::kAlignment * GgufWriter::kAlignment - written;
-    bytes.assign(size_t(pad), 0);
-    ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    bytes.resize(size_t(t.nbytes));
-    dummy_tensor_bytes(t, seed, bytes.data());
-    ok = ok && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    written += pad + t.nbytes;
-  }
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    std::remove(tmp.c_str());
-    fail("writing '{}' failed (disk full?)", out);
-  }
-  std::filesystem::rename(tmp, out);
+  if (!full) return w.write(out);  // the header alone
+  w.write(out, [&](size_t i, std::vector<uint8_t>& bytes) { dummy_tensor_bytes(in.tensors()[i], seed, bytes.data()); });
 }
 
 }  // namespace serval
