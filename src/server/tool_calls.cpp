@@ -342,6 +342,11 @@ ParsedToolOutput parse_harmony(std::string_view text, const std::unordered_set<s
   return out;
 }
 
+// The text before a run of calls [start, end) and after it, joined and trimmed.
+std::string content_around(std::string_view text, size_t start, size_t end) {
+  return std::string(trim(std::string(text.substr(0, start)) + std::string(text.substr(std::min(end, text.size())))));
+}
+
 // DeepSeek: calls between <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>, each "TYPE<sep>NAME\n```json\n{...}\n```"
 // (R1, V3) or "NAME<sep>{...}" (V3.1). The calls block (from <｜tool▁calls▁begin｜>, or the first call, to
 // <｜tool▁calls▁end｜> or the last call's end) gives calls only when all of them parse.
@@ -382,7 +387,7 @@ ParsedToolOutput parse_deepseek(std::string_view text, const std::unordered_set<
     pos = skip_ws(text, end);
   }
   if (text.substr(pos).starts_with(kDsCallsEnd)) end = pos + kDsCallsEnd.size();
-  out.content = std::string(trim(std::string(text.substr(0, start)) + std::string(text.substr(std::min(end, text.size())))));
+  out.content = content_around(text, start, end);
   return out;
 }
 
@@ -571,7 +576,7 @@ ParsedToolOutput parse_qwen3_coder(std::string_view text, const std::vector<Func
     if (size_t after = skip_ws(text, end); open && text.substr(after).starts_with(kHermesClose)) end = after + kHermesClose.size();
     pos = skip_ws(text, end);
   }
-  out.content = std::string(trim(std::string(text.substr(0, start)) + std::string(text.substr(std::min(end, text.size())))));
+  out.content = content_around(text, start, end);
   return out;
 }
 
