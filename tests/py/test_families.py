@@ -380,3 +380,13 @@ def test_gpt_oss_mxfp4_blocks_and_scales_that_disagree_are_refused(tmp_path):
         gpt_oss_mxfp4.write_safetensors(d / "model.safetensors", tensors)
         p = run("info", d, check=False)
         assert p.returncode != 0 and "MXFP4 blocks and scales" in p.stderr and "Traceback" not in p.stderr, damage
+
+
+def test_deepseek2_latent_attention_is_the_same_at_every_isa_level():
+    """The absorbed attention (one 64-value KV head shared by 4 query heads, V read from K's rows) through
+    the tiled kernel of each level this CPU has: the same bits as the portable level's (F16 cache)."""
+    import os
+    args = ("score", "-m", FAMILIES / "deepseek2", "--cache-type", "f16", "-p", "Once upon a time", "--ids", "5,6,7,8")
+    want = run(*args, env={**os.environ, "SERVAL_ISA": "scalar"}).stdout
+    assert run(*args).stdout == want  # the best level detected
+    assert run(*args, env={**os.environ, "SERVAL_ISA": "avx2"}).stdout == want
