@@ -160,8 +160,8 @@ void glu_oai(const float* gate, const float* up, float* out, int64_t n, float al
 // x[i] = GELU in its erf form (BERT's "gelu"), in place. The scalar level is gelu_erf (std::erf); the
 // SIMD levels use Abramowitz & Stegun's erf (7.1.26, as PyTorch's vectorized erf), within
 // 0.5 |x| 1.5e-7 plus float rounding of it (kernels/cpu/glu_avx2.cpp). A lane's result does not depend
-// on n or its position.
-void gelu_erf_inplace(float* x, int64_t n);
+// on n or its position. With `bias`, x[i] = GELU(x[i] + bias[i]) (the sum rounded to float first).
+void gelu_erf_inplace(float* x, int64_t n, const float* bias = nullptr);
 }  // namespace cpu
 
 // Small elementwise ops, one implementation (they are their own reference).

@@ -542,31 +542,40 @@ TEST(AttentionBench, DISABLED_Qwen05bShapes) {
   set_compute_threads(saved_threads);
 }
 
-// Encoder attention (every query of a span attends every key of it) against the reference over an F32
-// view of the span's rows, with GQA; a span's result is the same bits alone or beside others.
-TEST(AttentionDense, MatchesReferenceAndIsBatchInvariant) {
-  const AttentionShape s{8, 2, 16, 0.25f};
-  const int64_t rows = 37, qd = 8 * 16, kvd = 2 * 16;
-  const auto q = test::random_floats(rows * qd, 11), k = test::random_floats(rows * kvd, 12), v = test::random_floats(rows * kvd, 13);
-  const std::vector<cpu::RowSpan> spans = {{0, 1}, {1, 20}, {21, 16}};
-  std::vector<float> out(rows * qd), alone(rows * qd);
-  cpu::attention_dense(s, q.data(), k.data(), v.data(), spans, out.data());
-  KvLayerView view;
-  view.type = DType::F32;
-  view.k = reinterpret_cast<const uint8_t*>(k.data());
-  view.v = reinterpret_cast<const uint8_t*>(v.data());
-  view.kv_dim = kvd;
-  for (const auto& span : spans) {
-    std::vector<int32_t> slots;
-    for (int64_t j = 0; j < span.n; ++j) slots.push_back(int32_t(span.begin + j));
-    std::vector<float> want(qd);
-    for (int64_t i = span.begin; i < span.begin + span.n; ++i) {
-      ref::attention(s, q.data() + i * qd, view, slots, want.data());
-      for (int64_t d = 0; d < qd; ++d) EXPECT_NEAR(out[size_t(i * qd + d)], want[size_t(d)], 1e-5f) << i;
+// Encoder attention (every query of a span attends every key of it) at each level: against the
+// reference over an F32 view of the span's rows, with GQA, for a head size of the generic loops (16)
+// and of the fixed ones (32, 64), spans shorter and longer than the 16-key chunks; the same bits as the
+// scalar level, and a span's result the same bits alone or beside others.
+TEST_P(AttentionLevel, DenseMatchesReferenceScalarBitsAndIsBatchInvariant) {
+  for (const int d_head : {16, 32, 64}) {
+    const AttentionShape s{8, 2, d_head, float(1.0 / std::sqrt(double(d_head)))};
+    const int64_t rows = 71, qd = 8 * d_head, kvd = 2 * d_head;
+    const auto q = test::random_floats(rows * qd, 11), k = test::random_floats(rows * kvd, 12),
+               v = test::random_floats(rows * kvd, 13);
+    const std::vector<cpu::RowSpan> spans = {{0, 1}, {1, 20}, {21, 16}, {37, 34}};
+    std::vector<float> out(rows * qd), alone(rows * qd), scalar(rows * qd);
+    cpu::attention_dense(s, q.data(), k.data(), v.data(), spans, out.data());
+    cpu::force_isa(Isa::Scalar);
+    cpu::attention_dense(s, q.data(), k.data(), v.data(), spans, scalar.data());
+    cpu::force_isa(GetParam());
+    EXPECT_EQ(out, scalar) << "head size " << d_head;
+    KvLayerView view;
+    view.type = DType::F32;
+    view.k = reinterpret_cast<const uint8_t*>(k.data());
+    view.v = reinterpret_cast<const uint8_t*>(v.data());
+    view.kv_dim = kvd;
+    for (const auto& span : spans) {
+      std::vector<int32_t> slots;
+      for (int64_t j = 0; j < span.n; ++j) slots.push_back(int32_t(span.begin + j));
+      std::vector<float> want(qd);
+      for (int64_t i = span.begin; i < span.begin + span.n; ++i) {
+        ref::attention(s, q.data() + i * qd, view, slots, want.data());
+        for (int64_t d = 0; d < qd; ++d) ASSERT_NEAR(out[size_t(i * qd + d)], want[size_t(d)], 1e-5f) << i << " " << d_head;
+      }
+      const cpu::RowSpan one[] = {span};
+      cpu::attention_dense(s, q.data(), k.data(), v.data(), one, alone.data());
+      for (int64_t i = span.begin * qd; i < (span.begin + span.n) * qd; ++i) ASSERT_EQ(alone[size_t(i)], out[size_t(i)]);
     }
-    const cpu::RowSpan one[] = {span};
-    cpu::attention_dense(s, q.data(), k.data(), v.data(), one, alone.data());
-    for (int64_t i = span.begin * qd; i < (span.begin + span.n) * qd; ++i) EXPECT_EQ(alone[size_t(i)], out[size_t(i)]);
   }
 }
 

@@ -222,6 +222,14 @@ TEST_P(GluLevel, GeluErfWithinBound) {
   EXPECT_EQ(tail.front(), before);
   EXPECT_EQ(tail.back(), after);
   for (size_t i = 1; i + 1 < tail.size(); ++i) EXPECT_EQ(tail[i], got[i + 2]);
+  // With a bias: GELU of the float sum, the same bits as adding it first (a tail of 13 lanes too).
+  for (const size_t n : {x.size(), size_t(13)}) {
+    std::vector<float> b(n), with(x.begin(), x.begin() + long(n)), added(n);
+    for (size_t i = 0; i < n; ++i) b[i] = float(0.37 * std::sin(double(i))), added[i] = with[i] + b[i];
+    cpu::gelu_erf_inplace(with.data(), int64_t(n), b.data());
+    cpu::gelu_erf_inplace(added.data(), int64_t(n));
+    EXPECT_EQ(with, added) << n;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, GluLevel, ::testing::Values(Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx),

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/attention_dense_impl.h"
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
@@ -117,6 +118,7 @@ struct VScalar {
 }  // namespace
 
 void tile_scalar(const TileArgs& a) { run_tile<VScalar>(a); }
+void dense_head_scalar(const DenseArgs& a) { dense_head_any(a); }
 void fp8_row_scalar(const uint8_t* src, float* dst, int n, float scale) { VScalar::cvt_fp8_row(src, dst, n, scale); }
 
 namespace {
@@ -343,36 +345,25 @@ void attention(const AttentionShape& s, const float* q, KvLayerView kv, std::spa
   attention_batch(s, std::span<const AttentionQuery>(&query, 1), kv);
 }
 
-// One task per (span, head): scores of every query against every key, a softmax per row (max
-// subtracted, sums in double), then the weighted sum of V, all in a fixed order.
+// One task per (span, head), run by the active level's dense_head (attention_dense_impl.h; Amx runs the
+// AVX-512 one): a span's result does not depend on the other spans, and every level gives the same bits.
 void attention_dense(const AttentionShape& s, const float* q, const float* k, const float* v, std::span<const RowSpan> spans,
                      float* out) {
   check(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.d_head > 0, "attention: bad head shape");
   check(s.softcap == 0.0f && !s.sinks, "attention_dense: soft-capping and sinks are not implemented for encoders");
   const int64_t q_stride = int64_t(s.n_head) * s.d_head, kv_stride = int64_t(s.n_head_kv) * s.d_head;
   const int group = s.n_head / s.n_head_kv;
+  const Isa level = active_isa();
+  void (*head)(const attn::DenseArgs&) = level >= Isa::Avx512 ? attn::dense_head_avx512
+                                         : level == Isa::Avx2 ? attn::dense_head_avx2
+                                                              : attn::dense_head_scalar;
   parallel_for(int64_t(spans.size()) * s.n_head, [&](int64_t task) {
     const RowSpan span = spans[size_t(task / s.n_head)];
     const int h = int(task % s.n_head), g = h / group;
-    std::vector<float> p(size_t(span.n));
-    for (int64_t i = 0; i < span.n; ++i) {
-      const float* qi = q + (span.begin + i) * q_stride + int64_t(h) * s.d_head;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < span.n; ++j) {
-        p[size_t(j)] = dot(qi, k + (span.begin + j) * kv_stride + int64_t(g) * s.d_head, s.d_head) * s.scale;
-        mx = std::max(mx, p[size_t(j)]);
-      }
-      double sum = 0;
-      for (float& x : p) sum += (x = std::exp(x - mx));
-      const float inv = float(1.0 / sum);
-      float* o = out + (span.begin + i) * q_stride + int64_t(h) * s.d_head;
-      std::fill(o, o + s.d_head, 0.0f);
-      for (int64_t j = 0; j < span.n; ++j) {
-        const float w = p[size_t(j)] * inv;
-        const float* vj = v + (span.begin + j) * kv_stride + int64_t(g) * s.d_head;
-        for (int d = 0; d < s.d_head; ++d) o[d] += w * vj[d];
-      }
-    }
+    thread_local std::vector<float> scratch;  // the worker's
+    scratch.resize(size_t((s.d_head + attn::kDenseQueries) * attn::dense_padded(span.n)));
+    head({q + int64_t(h) * s.d_head, k + int64_t(g) * s.d_head, v + int64_t(g) * s.d_head, out + int64_t(h) * s.d_head,
+          span.begin, span.n, q_stride, kv_stride, s.d_head, s.scale, scratch.data()});
   });
 }
 

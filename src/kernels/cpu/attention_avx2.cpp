@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include "tensor/dequant.h"
 
+#include "kernels/cpu/attention_dense_impl.h"
 #include "kernels/cpu/attention_tile_impl.h"
 
 namespace serval::cpu::attn {
@@ -66,6 +67,7 @@ struct V256 {
 
 }  // namespace
 
+void dense_head_avx2(const DenseArgs& a) { dense_head_any(a); }
 void tile_avx2(const TileArgs& a) { run_tile<V256>(a); }
 void fp8_row_avx2(const uint8_t* src, float* dst, int n, float scale) { V256::cvt_fp8_row(src, dst, n, scale); }
 
@@ -75,6 +77,7 @@ void fp8_row_avx2(const uint8_t* src, float* dst, int n, float scale) { V256::cv
 #include <cstdlib>
 namespace serval::cpu::attn {
 void tile_avx2(const TileArgs&) { std::abort(); }  // not built for this target; never dispatched
+void dense_head_avx2(const DenseArgs&) { std::abort(); }
 void fp8_row_avx2(const uint8_t*, float*, int, float) { std::abort(); }
 }  // namespace serval::cpu::attn
 #endif

@@ -11,6 +11,7 @@
 // as maybe uninitialized once they are inlined; nothing here is.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include "kernels/cpu/attention_dense_impl.h"
 #include "kernels/cpu/attention_tile_impl.h"
 
 namespace serval::cpu::attn {
@@ -76,6 +77,7 @@ struct V512 {
 
 }  // namespace
 
+void dense_head_avx512(const DenseArgs& a) { dense_head_any(a); }
 void tile_avx512(const TileArgs& a) { run_tile<V512>(a); }
 void fp8_row_avx512(const uint8_t* src, float* dst, int n, float scale) { V512::cvt_fp8_row(src, dst, n, scale); }
 
@@ -85,6 +87,7 @@ void fp8_row_avx512(const uint8_t* src, float* dst, int n, float scale) { V512::
 #include <cstdlib>
 namespace serval::cpu::attn {
 void tile_avx512(const TileArgs&) { std::abort(); }  // not built for this target; never dispatched
+void dense_head_avx512(const DenseArgs&) { std::abort(); }
 void fp8_row_avx512(const uint8_t*, float*, int, float) { std::abort(); }
 }  // namespace serval::cpu::attn
 #endif

@@ -102,6 +102,23 @@ void tile_scalar(const TileArgs& a);
 void tile_avx2(const TileArgs& a);
 void tile_avx512(const TileArgs& a);
 
+// Encoder attention of one (span, head) (attention_dense_impl.h): q, k, v, out point at the head's
+// values of the span's first row; rows are q_stride (q, out) and kv_stride (k, v) floats apart.
+// scratch holds (d_head + kDenseQueries) x dense_padded(n) floats.
+struct DenseArgs {
+  const float *q, *k, *v;
+  float* out;
+  int64_t begin, n, q_stride, kv_stride;
+  int d_head;
+  float scale;
+  float* scratch;
+};
+inline int64_t dense_padded(int64_t n) { return (n + 15) / 16 * 16; }
+constexpr int kDenseQueries = 4;
+void dense_head_scalar(const DenseArgs& a);
+void dense_head_avx2(const DenseArgs& a);
+void dense_head_avx512(const DenseArgs& a);
+
 // Each level's FP8 E4M3 row conversion: dst[i] = value of code src[i] times `scale`, bit for bit the
 // value of fp8_e4m3_table() times `scale` (NaN codes give NaN). Used by the kernels; here for tests.
 void fp8_row_scalar(const uint8_t* src, float* dst, int n, float scale);

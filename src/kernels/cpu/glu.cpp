@@ -29,15 +29,16 @@ void glu_scalar(GluKind kind, const float* gate, const float* up, float* out, in
   for (int64_t i = 0; i < n; ++i) out[i] = float(act(kind, gate[i])) * up[i];
 }
 
-void gelu_erf_scalar(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = gelu_erf(x[i]);
+void gelu_erf_scalar(float* x, int64_t n, const float* bias) {
+  for (int64_t i = 0; i < n; ++i) x[i] = gelu_erf(bias ? x[i] + bias[i] : x[i]);
 }
 
-void gelu_erf_inplace(float* x, int64_t n) {
+void gelu_erf_inplace(float* x, int64_t n, const float* bias) {
 #if defined(SERVAL_X86_KERNELS)
-  if (active_isa() >= Isa::Avx2) return gelu_erf_avx2(x, n);
+  if (active_isa() >= Isa::Avx512) return gelu_erf_avx512(x, n, bias);
+  if (active_isa() == Isa::Avx2) return gelu_erf_avx2(x, n, bias);
 #endif
-  gelu_erf_scalar(x, n);
+  gelu_erf_scalar(x, n, bias);
 }
 
 void glu(GluKind kind, const float* gate, const float* up, float* out, int64_t n) {

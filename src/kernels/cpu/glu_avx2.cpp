@@ -98,12 +98,15 @@ void run(const float* gate, const float* up, float* out, int64_t n) {
 
 }  // namespace
 
-void gelu_erf_avx2(float* x, int64_t n) {
+void gelu_erf_avx2(float* x, int64_t n, const float* bias) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, gelu_erf8(_mm256_loadu_ps(x + i)));
+  const auto with_bias = [&](__m256 v, __m256 b) { return bias ? _mm256_add_ps(v, b) : v; };
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, gelu_erf8(with_bias(_mm256_loadu_ps(x + i), bias ? _mm256_loadu_ps(bias + i) : __m256())));
   if (i < n) {
     const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    _mm256_maskstore_ps(x + i, k, gelu_erf8(_mm256_maskload_ps(x + i, k)));
+    const __m256 b = bias ? _mm256_maskload_ps(bias + i, k) : _mm256_setzero_ps();
+    _mm256_maskstore_ps(x + i, k, gelu_erf8(with_bias(_mm256_maskload_ps(x + i, k), b)));
   }
 }
 

@@ -14,7 +14,9 @@ constexpr double kGeluB = kGeluA * 0.044715;
 void glu_scalar(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
 void glu_avx2(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
 void glu_avx512(GluKind kind, const float* gate, const float* up, float* out, int64_t n);
-void gelu_erf_scalar(float* x, int64_t n);
-void gelu_erf_avx2(float* x, int64_t n);  // also the AVX-512 and AMX levels' (AVX2 instructions)
+// gelu_erf_inplace per level; bias may be null.
+void gelu_erf_scalar(float* x, int64_t n, const float* bias);
+void gelu_erf_avx2(float* x, int64_t n, const float* bias);
+void gelu_erf_avx512(float* x, int64_t n, const float* bias);  // also the AMX level's
 
 }  // namespace serval::cpu
