@@ -49,6 +49,11 @@ bool detect_avx512_bf16() {
   return (a1 >> 5) & 1u;
 }
 
+bool detect_amx_bf16() {
+  const CpuBits c = read_cpu();
+  return c.has(c.l7d, 22);
+}
+
 Isa detect() {
   const CpuBits c = read_cpu();
   const bool ymm_state = (c.xcr0 & 0x6) == 0x6, zmm_state = (c.xcr0 & 0xE6) == 0xE6;
@@ -64,6 +69,7 @@ Isa detect() {
 #else
 Isa detect() { return Isa::Scalar; }
 bool detect_avx512_bf16() { return false; }
+bool detect_amx_bf16() { return false; }
 #endif
 
 Isa from_env(Isa detected) {
@@ -85,6 +91,11 @@ Isa detected_isa() {
 
 bool has_avx512_bf16() {
   static const bool bf16 = int(detected_isa()) >= int(Isa::Avx512) && detect_avx512_bf16();
+  return bf16;
+}
+
+bool has_amx_bf16() {
+  static const bool bf16 = detected_isa() == Isa::Amx && detect_amx_bf16();
   return bf16;
 }
 

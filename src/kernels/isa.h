@@ -21,6 +21,9 @@ Isa detected_isa();
 // Whether the CPU has AVX512_BF16 (VDPBF16PS; CPUID leaf 7 sub-leaf 1 EAX bit 5) on top of the
 // Avx512 level. A feature within a level: the level enum is unchanged, kernels query it themselves.
 bool has_avx512_bf16();
+// Whether the Amx level also has AMX-BF16 (TDPBF16PS; CPUID leaf 7 EDX bit 22): the BF16 tiles of
+// cpu::prepare_bf16_tiles. False below the Amx level.
+bool has_amx_bf16();
 // The level kernels use: detected_isa(), or lower when forced (force_isa, or SERVAL_ISA=scalar|avx2|
 // avx512|amx in the environment at start-up). Throws Error when asked for a level above detected_isa().
 Isa active_isa();

@@ -27,6 +27,8 @@ struct WeightMatrix {
   std::shared_ptr<const cpu::PackedWeights> packed;
   // F16 / BF16 matrices repacked for the float GEMM (cpu::prepare_weights; kernels/cpu/gemm_float.h).
   std::shared_ptr<const cpu::PackedFloatWeights> packed_float;
+  // The matrix rounded to BF16 for the CPU's BF16 matrix tiles (cpu::prepare_bf16_tiles), when asked.
+  std::shared_ptr<const cpu::PackedFloatWeights> tiles_bf16;
   bool empty() const { return data == nullptr; }
 };
 
@@ -106,6 +108,13 @@ namespace cpu {
 // Repacks `w` for the GEMM kernels when its type has a packed layout (once, at load); a no-op
 // otherwise. Results of matmul are the same function of the inputs either way, to float rounding.
 void prepare_weights(WeightMatrix& w);
+// Where the CPU multiplies BF16 in matrix tiles (the Amx level with AMX-BF16), also keeps `w` rounded
+// to BF16 for them (kernels/cpu/gemm_float.h); matmul then runs it that way at that level, for every
+// token count. A different arithmetic from the other levels' (BF16 weights and activations, float sums
+// over the whole K; tested against a double sum of the same BF16 values within a bound), still batch
+// invariant: for models whose results are not held bitwise across levels (encoders, docs/kernels.md).
+// F32 matrices stay exact (a no-op), as does everything on CPUs without the tiles.
+void prepare_bf16_tiles(WeightMatrix& w);
 // Same contract as ref::matmul; SIMD and threaded. Packed matrices run the register-tiled GEMM of
 // the active ISA level (isa.h); other types dot rows with vec_dot_rows or float dots.
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
@@ -113,6 +122,7 @@ void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok);
 struct MatmulOut {
   const WeightMatrix* w = nullptr;
   float* y = nullptr;
+  const float* bias = nullptr;  // when set, y = W x + bias (w->rows values), added in the product's job
 };
 // Several matrices applied to the same activations (Q/K/V, gate/up): each as matmul, with the
 // activations quantized once per format and every product's tasks in one parallel job.

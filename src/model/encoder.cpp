@@ -86,6 +86,8 @@ EncoderWeights bind(const EncoderConfig& c, EncoderBinder& b) {
     l.ffn_up = b.matrix(p + "ffn_up.weight", F, E), l.b_up = b.vec(p + "ffn_up.bias", F);
     l.ffn_down = b.matrix(p + "ffn_down.weight", E, F), l.b_down = b.vec(p + "ffn_down.bias", E);
     l.out_norm_w = b.vec(p + "layer_output_norm.weight", E), l.out_norm_b = b.vec(p + "layer_output_norm.bias", E);
+    // Where the CPU has BF16 matrix tiles, the layer's products run in them (ops.h: prepare_bf16_tiles).
+    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down}) cpu::prepare_bf16_tiles(*m);
     w.layers.push_back(std::move(l));
   }
   if (c.n_classes > 0) {
@@ -315,18 +317,27 @@ std::vector<float> EncoderModel::forward(const std::vector<EncoderInput>& inputs
 }
 
 namespace {
-void add_bias_rows(float* y, const std::vector<float>& b, int64_t n_tok) {
-  const int64_t n = int64_t(b.size());
-  for (int64_t t = 0; t < n_tok; ++t)
-    for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[size_t(i)];
+// The calling thread's buffers for a layer's intermediates, reused from layer to layer and call to call
+// (a step of 600 tokens would otherwise allocate and zero about 9 MB per layer).
+struct EncoderScratch {
+  std::vector<float> q, k, v, att, o, up, down;
+};
+EncoderScratch& scratch() {
+  thread_local EncoderScratch s;
+  return s;
+}
+float* sized(std::vector<float>& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+  return v.data();
 }
 
-// x = LayerNorm(x + y) row by row.
-void residual_norm(std::vector<float>& x, const std::vector<float>& y, const std::vector<float>& w,
+// x = LayerNorm(x + (y + bias)) row by row, for n_tok rows.
+void residual_norm(float* x, int64_t n_tok, const float* y, const std::vector<float>& bias, const std::vector<float>& w,
                    const std::vector<float>& b, int64_t E, float eps) {
-  parallel_for(int64_t(x.size()) / E, [&](int64_t t) {
-    float* r = x.data() + t * E;
-    for (int64_t i = 0; i < E; ++i) r[i] += y[size_t(t * E + i)];
+  parallel_for(n_tok, [&](int64_t t) {
+    float* r = x + t * E;
+    const float* yr = y + t * E;
+    for (int64_t i = 0; i < E; ++i) r[i] += yr[i] + bias[size_t(i)];
     layer_norm(r, w.data(), b.data(), r, E, eps);
   });
 }
@@ -334,13 +345,11 @@ void residual_norm(std::vector<float>& x, const std::vector<float>& y, const std
 
 void EncoderModel::attention_block(const EncoderLayer& l, const std::vector<EncoderInput>& inputs,
                                    std::vector<float>& x) const {
-  const int64_t E = config_.n_embd, n_tok = int64_t(x.size()) / E;
-  std::vector<float> q(x.size()), k(x.size()), v(x.size()), att(x.size()), o(x.size());
-  const cpu::MatmulOut outs[] = {{&l.wq, q.data()}, {&l.wk, k.data()}, {&l.wv, v.data()}};
+  const int64_t E = config_.n_embd, n_tok = int64_t(x.size()) / E, n = n_tok * E;
+  EncoderScratch& sc = scratch();
+  float *q = sized(sc.q, n), *k = sized(sc.k, n), *v = sized(sc.v, n), *att = sized(sc.att, n), *o = sized(sc.o, n);
+  const cpu::MatmulOut outs[] = {{&l.wq, q, l.bq.data()}, {&l.wk, k, l.bk.data()}, {&l.wv, v, l.bv.data()}};
   cpu::matmul_many(outs, x.data(), n_tok);
-  add_bias_rows(q.data(), l.bq, n_tok);
-  add_bias_rows(k.data(), l.bk, n_tok);
-  add_bias_rows(v.data(), l.bv, n_tok);
   // Every token of an input attends every token of that input.
   std::vector<cpu::RowSpan> spans;
   int64_t start = 0;
@@ -350,24 +359,19 @@ void EncoderModel::attention_block(const EncoderLayer& l, const std::vector<Enco
   }
   const AttentionShape shape{int(config_.n_head), int(config_.n_head), int(config_.d_head()),
                              float(1.0 / std::sqrt(double(config_.d_head())))};
-  cpu::attention_dense(shape, q.data(), k.data(), v.data(), spans, att.data());
-  cpu::matmul(l.wo, att.data(), o.data(), n_tok);
-  add_bias_rows(o.data(), l.bo, n_tok);
-  residual_norm(x, o, l.attn_norm_w, l.attn_norm_b, E, config_.eps);
+  cpu::attention_dense(shape, q, k, v, spans, att);
+  cpu::matmul(l.wo, att, o, n_tok);
+  residual_norm(x.data(), n_tok, o, l.bo, l.attn_norm_w, l.attn_norm_b, E, config_.eps);
 }
 
 void EncoderModel::ffn_block(const EncoderLayer& l, int64_t n_tok, std::vector<float>& x) const {
   const int64_t E = config_.n_embd, F = config_.n_ff;
-  std::vector<float> up(size_t(n_tok * F)), down(x.size());
-  cpu::matmul(l.ffn_up, x.data(), up.data(), n_tok);
-  parallel_for(n_tok, [&](int64_t t) {
-    float* r = up.data() + t * F;
-    for (int64_t i = 0; i < F; ++i) r[i] += l.b_up[size_t(i)];
-    cpu::gelu_erf_inplace(r, F);
-  });
-  cpu::matmul(l.ffn_down, up.data(), down.data(), n_tok);
-  add_bias_rows(down.data(), l.b_down, n_tok);
-  residual_norm(x, down, l.out_norm_w, l.out_norm_b, E, config_.eps);
+  EncoderScratch& sc = scratch();
+  float *up = sized(sc.up, n_tok * F), *down = sized(sc.down, n_tok * E);
+  cpu::matmul(l.ffn_up, x.data(), up, n_tok);
+  parallel_for(n_tok, [&](int64_t t) { cpu::gelu_erf_inplace(up + t * F, F, l.b_up.data()); });
+  cpu::matmul(l.ffn_down, up, down, n_tok);
+  residual_norm(x.data(), n_tok, down, l.b_down, l.out_norm_w, l.out_norm_b, E, config_.eps);
 }
 
 std::vector<std::vector<float>> EncoderModel::embed(const std::vector<EncoderInput>& inputs, Pooling pooling,
@@ -414,11 +418,11 @@ std::vector<float> EncoderModel::classify(const std::vector<EncoderInput>& input
     std::copy(h.begin() + start * E, h.begin() + (start + 1) * E, first.begin() + i * E);
     start += int64_t(inputs[size_t(i)].tokens.size());
   }
-  cpu::matmul(weights_.cls, first.data(), pooled.data(), n);
-  add_bias_rows(pooled.data(), weights_.cls_b, n);
+  const cpu::MatmulOut dense[] = {{&weights_.cls, pooled.data(), weights_.cls_b.data()}},
+                        out_proj[] = {{&weights_.cls_out, logits.data(), weights_.cls_out_b.data()}};
+  cpu::matmul_many(dense, first.data(), n);
   for (float& f : pooled) f = std::tanh(f);
-  cpu::matmul(weights_.cls_out, pooled.data(), logits.data(), n);
-  add_bias_rows(logits.data(), weights_.cls_out_b, n);
+  cpu::matmul_many(out_proj, pooled.data(), n);
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out[size_t(i)] = logits[size_t(i * config_.n_classes)];
   return out;

@@ -23,9 +23,10 @@ namespace {
 struct Matrix {
   std::vector<uint8_t> bytes;
   WeightMatrix w;
-  Matrix(DType t, int64_t rows, int64_t cols) : bytes(test::random_rows(t, rows, cols, 7)) {
+  Matrix(DType t, int64_t rows, int64_t cols, bool tiles) : bytes(test::random_rows(t, rows, cols, 7)) {
     w = WeightMatrix{t, rows, cols, bytes.data(), row_bytes(t, cols)};
     cpu::prepare_weights(w);
+    if (tiles) cpu::prepare_bf16_tiles(w);
   }
 };
 
@@ -35,15 +36,20 @@ struct Case {
   const char* name;
   DType type;
   int64_t rows, cols;
+  bool bf16_tiles = false;  // cpu::prepare_bf16_tiles (an encoder's matrices; a no-op without the tiles)
 };
 const Case kCases[] = {{"q5_0_ffn_up", DType::Q5_0, 4864, 896},   {"q5_0_ffn_down", DType::Q5_0, 896, 4864},
                        {"q8_0_output", DType::Q8_0, 151936, 896}, {"q4_k_ffn_up", DType::Q4_K, 4864, 1024},
-                       {"q6_k_ffn_down", DType::Q6_K, 1024, 4864}};
+                       {"q6_k_ffn_down", DType::Q6_K, 1024, 4864},
+                       // all-MiniLM-L6-v2's FFN in Q8_0 (the embeddings benchmark's model)
+                       {"q8_0_minilm_up", DType::Q8_0, 1536, 384}, {"q8_0_minilm_down", DType::Q8_0, 384, 1536},
+                       {"q8_0_minilm_up_bf16_tiles", DType::Q8_0, 1536, 384, true},
+                       {"q8_0_minilm_down_bf16_tiles", DType::Q8_0, 384, 1536, true}};
 
 void run_case(benchmark::State& state, const Case& c) {
   static std::map<const Case*, std::unique_ptr<Matrix>> made;  // each matrix packed once, for every token count
   auto& m = made[&c];
-  if (!m) m = std::make_unique<Matrix>(c.type, c.rows, c.cols);
+  if (!m) m = std::make_unique<Matrix>(c.type, c.rows, c.cols, c.bf16_tiles);
   const int64_t n_tok = state.range(0);
   std::vector<float> x(n_tok * c.cols), y(n_tok * c.rows);
   for (size_t i = 0; i < x.size(); ++i) x[i] = float((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
@@ -71,7 +77,7 @@ int main(int argc, char** argv) {
   for (const auto& c : serval::kCases)
     benchmark::RegisterBenchmark(c.name, [&c](benchmark::State& s) { serval::run_case(s, c); })
         ->ArgName("tokens")
-        ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)
+        ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(512)
         ->ComputeStatistics("min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
         ->Unit(benchmark::kMicrosecond);
   int n = int(rest.size());

@@ -19,9 +19,9 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model, *args, name=None, cafile=None, kv_memory="256MiB", port=None):
+    def __init__(self, model, *args, name=None, cafile=None, kv_memory="256MiB", port=None, env=None):
         """`cafile`: the server speaks HTTPS with a certificate that this CA file trusts; `port`: this one
-        (a restarted server at its old address) instead of a free one."""
+        (a restarted server at its old address) instead of a free one; `env`: added to the environment."""
         self.port = port or free_port()
         self.url = f"{'https' if cafile else 'http'}://127.0.0.1:{self.port}"
         self.ssl = ssl.create_default_context(cafile=str(cafile)) if cafile else None
@@ -29,7 +29,8 @@ class Server:
         if name:
             cmd += ["--served-model-name", name]
         self.log = open(os.devnull, "w") if os.environ.get("SERVAL_QUIET") else None
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})})
         self.wait_ready()
 
     def wait_ready(self, timeout=120):

@@ -7,6 +7,7 @@ transformers (the tiny random BERT's hidden states, the tiny cross-encoder's log
 import base64
 import json
 import math
+import os
 import shutil
 import struct
 import threading
@@ -136,12 +137,32 @@ def test_embeddings_equal_sentence_transformers_f32(server):
     assert [d["index"] for d in body["data"]] == list(range(len(CORPUS)))
 
 
-@pytest.mark.parametrize("outtype,min_cos,mean_cos", [("f32", 0.9999, 0.99999), ("f16", 0.9999, 0.99999),
-                                                      ("q8_0", 0.997, 0.999)])
-def test_converted_gguf_embeddings(ggufs, outtype, min_cos, mean_cos):
-    """`serval convert` output; Q8_0 (activations quantized to 8 bits too, as llama.cpp) is measured: short
-    texts such as "." lose most (docs/embeddings.md has the figures)."""
-    s = Server(ggufs[outtype])
+def cpu_flags():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# Whether the server's default level runs the encoder's products in BF16 tiles (AMX-BF16; ops.h,
+# prepare_bf16_tiles), read from the CPU's flags rather than from the server.
+BF16_TILES = {"amx_bf16", "avx512_bf16"} <= cpu_flags() and os.environ.get("SERVAL_ISA", "amx") == "amx"
+INT8_LEVEL = {"SERVAL_ISA": "avx512"}  # below the tiles: Q8_0 with int8 activations, F16 as it is
+
+
+@pytest.mark.parametrize("outtype,env,min_cos,mean_cos", [
+    ("f32", None, 0.9999, 0.99999),
+    # BF16 tiles round weights and activations to BF16: measured min 0.99996, mean 0.999989
+    ("f16", None, 0.9999, 0.99998 if BF16_TILES else 0.99999),
+    # BF16 activations rather than int8 ones: every text >= 0.999 (measured min 0.99947); with int8
+    # activations (as llama.cpp) short texts such as "." lose most (min 0.9983; docs/embeddings.md)
+    ("q8_0", None, 0.999 if BF16_TILES else 0.997, 0.9998 if BF16_TILES else 0.999),
+    pytest.param("f16", INT8_LEVEL, 0.9999, 0.99999, marks=pytest.mark.skipif(not BF16_TILES, reason="no BF16 tiles")),
+    pytest.param("q8_0", INT8_LEVEL, 0.997, 0.999, marks=pytest.mark.skipif(not BF16_TILES, reason="no BF16 tiles")),
+])
+def test_converted_gguf_embeddings(ggufs, outtype, env, min_cos, mean_cos):
+    """`serval convert` output, at the default level and, where that runs BF16 tiles, at the level below."""
+    s = Server(ggufs[outtype], env=env)
     try:
         got, _ = embed(s, CORPUS)
     finally:

@@ -74,9 +74,10 @@ struct Shape {
   int64_t rows, blocks, n_tok;
 };
 // Token counts: every tile width of each level (the AVX-512 one-block tiles go to 10; 17 = 9 + 8, 20 = 10 +
-// 10, 27 = 9 + 9 + 9) and the AMX level's (28 and up).
-const std::vector<Shape> kShapes = {{1, 1, 1}, {15, 1, 3}, {16, 2, 8}, {17, 3, 9}, {16, 1, 10}, {37, 2, 17},
-                                    {20, 2, 20}, {18, 1, 27}, {33, 2, 28}, {100, 1, 70}};
+// 10, 27 = 9 + 9 + 9) and the AMX level's (28 and up; pairs of groups and of 16-token tiles, with a
+// partial second tile (28, 45), a lone last tile (45) and a lone last group (33, 100)).
+const std::vector<Shape> kShapes = {{1, 1, 1},   {15, 1, 3},  {16, 2, 8},  {17, 3, 9},  {16, 1, 10},  {37, 2, 17},
+                                    {20, 2, 20}, {18, 1, 27}, {33, 2, 28}, {49, 2, 45}, {100, 1, 70}};
 
 class PackedGemm : public ::testing::TestWithParam<DType> {};
 

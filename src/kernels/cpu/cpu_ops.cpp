@@ -144,23 +144,84 @@ PackedGemmFn packed_gemm_for(Isa isa) {
 }
 
 // Tasks of (row groups x tokens): token chunks small enough that their activations stay in L2, and
-// enough tasks per thread that a thread slowed by another process hands its share to the others.
-struct PackedTasks {
-  static constexpr int64_t kTokChunk = 64;
-  int64_t n_tok, n_tchunks, per_task, n_gchunks;
-  PackedTasks(const PackedWeights& p, int64_t n_tok, int64_t share)
-      : n_tok(n_tok), n_tchunks((n_tok + kTokChunk - 1) / kTokChunk) {
-    per_task = std::max<int64_t>(1, p.n_groups * n_tchunks / share);
-    n_gchunks = (p.n_groups + per_task - 1) / per_task;
+// enough tasks per thread that a thread slowed by another process hands its share to the others. At
+// the AMX level a task's groups come in pairs (gemm_amx.cpp runs two groups x two token tiles at once)
+// and its token chunk is twice as long (each call widens its groups' weights once for all its tokens).
+struct GemmTasks {
+  int64_t n_groups, n_tok, tok_chunk, n_tchunks, per_task, n_gchunks;
+  GemmTasks(int64_t n_groups, int64_t n_tok, int64_t share, Isa level)
+      : n_groups(n_groups), n_tok(n_tok), tok_chunk(level == Isa::Amx ? 128 : 64),
+        n_tchunks((n_tok + tok_chunk - 1) / tok_chunk) {
+    const int64_t step = level == Isa::Amx ? 2 : 1;
+    per_task = std::max<int64_t>(1, n_groups * n_tchunks / share);
+    per_task = (per_task + step - 1) / step * step;
+    n_gchunks = (n_groups + per_task - 1) / per_task;
   }
   int64_t count() const { return n_gchunks * n_tchunks; }
-  void run(PackedGemmFn gemm, const PackedWeights& p, const PackedActs& acts, float* y, int64_t task) const {
+  // Calls f(g0, g1, t0, t1) for task `task`.
+  template <class F>
+  void run(int64_t task, F&& f) const {
     const int64_t gc = task % n_gchunks, tc = task / n_gchunks;
-    const int64_t g0 = gc * per_task, g1 = std::min(p.n_groups, g0 + per_task);
-    const int64_t t0 = tc * kTokChunk, t1 = std::min(n_tok, t0 + kTokChunk);
-    gemm(p, acts, g0, g1, t0, t1, y);
+    const int64_t g0 = gc * per_task, t0 = tc * tok_chunk;
+    f(g0, std::min(n_groups, g0 + per_task), t0, std::min(n_tok, t0 + tok_chunk));
   }
 };
+
+// Each product's tasks, about 8 per thread over all of them in proportion to their groups, in one job:
+// run(m, g0, g1, t0, t1) computes product m's part.
+template <class Groups, class Run>
+void gemm_job(size_t n_products, Groups&& groups, int64_t n_tok, Isa level, Run&& run) {
+  int64_t total_groups = 0;
+  for (size_t m = 0; m < n_products; ++m) total_groups += groups(m);
+  std::vector<GemmTasks> tasks;
+  std::vector<int64_t> start{0};
+  for (size_t m = 0; m < n_products; ++m) {
+    const int64_t share = std::max<int64_t>(1, pool_threads() * 8 * groups(m) / total_groups);
+    tasks.emplace_back(groups(m), n_tok, share, level);
+    start.push_back(start.back() + tasks.back().count());
+  }
+  parallel_for(start.back(), [&](int64_t task) {
+    const size_t m = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin()) - 1;
+    tasks[m].run(task - start[m], [&](int64_t g0, int64_t g1, int64_t t0, int64_t t1) { run(m, g0, g1, t0, t1); });
+  });
+}
+
+// y[t][r] += bias[r] for rows of groups [g0, g1) (of `group_rows`) and tokens [t0, t1): a product's bias,
+// added by the task that computed those values (still in its cache).
+void add_bias(const MatmulOut& o, int64_t group_rows, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  if (!o.bias) return;
+  const int64_t rows = o.w->rows, r0 = g0 * group_rows, r1 = std::min(rows, g1 * group_rows);
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t r = r0; r < r1; ++r) o.y[t * rows + r] += o.bias[r];
+}
+
+// Products of matrices kept in BF16 tiles (prepare_bf16_tiles) with the same activations, rounded once.
+void matmul_bf16_tiles(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) {
+#if defined(SERVAL_X86_KERNELS)
+  thread_local FloatActs buffers;
+  FloatActs& acts = buffers;
+  const int64_t cols = outs[0].w->cols, kpad = outs[0].w->tiles_bf16->kpad, n_pad = (n_tok + 15) / 16 * 16;
+  acts.source = DType::BF16, acts.n_tok = n_tok, acts.cols = cols, acts.kpad = kpad;
+  acts.x.clear();
+  if (acts.pairs.size() < size_t(n_pad * kpad / 2)) acts.pairs.resize(size_t(n_pad * kpad / 2));
+  parallel_for(n_pad, [&](int64_t t) {
+    uint32_t* row = acts.pairs.data() + t * (kpad / 2);
+    if (t < n_tok) bf16_tile_row_amx(x + t * cols, cols, kpad, row);
+    else std::fill(row, row + kpad / 2, 0u);  // the last tile's rows past n_tok
+  });
+  gemm_job(
+      outs.size(), [&](size_t m) { return outs[m].w->tiles_bf16->n_groups; }, n_tok, Isa::Amx,
+      [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+        bf16_tile_gemm_amx(*outs[m].w->tiles_bf16, acts, g0, g1, t0, t1, outs[m].y);
+        add_bias(outs[m], kFloatRows, g0, g1, t0, t1);
+      });
+#else
+  (void)outs, (void)x, (void)n_tok;
+  fail("BF16 tiles are x86-64 only");
+#endif
+}
+
+bool runs_bf16_tiles(const WeightMatrix& w) { return w.tiles_bf16 && active_isa() == Isa::Amx; }
 
 // Products of packed matrices whose activations have one format, quantized once, in one job.
 void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) {
@@ -170,23 +231,15 @@ void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_to
   quantize_packed_acts(first.source, x, first.cols, n_tok, acts);
   const Isa level = active_isa();
   const PackedGemmFn gemm = packed_gemm_for(level);
-  int64_t total_groups = 0;
-  for (const auto& o : outs) {
-    total_groups += o.w->packed->n_groups;
+  for (const auto& o : outs)
     check(!o.w->packed->plane_by_value || int(level) <= int(Isa::Avx2),  // packed.h: PlaneLayout
           "weights packed with the AVX2 plane order run at the avx2 level or below, not {}", isa_name(level));
-  }
-  std::vector<PackedTasks> tasks;
-  std::vector<int64_t> start{0};
-  for (const auto& o : outs) {
-    const int64_t share = std::max<int64_t>(1, pool_threads() * 8 * o.w->packed->n_groups / total_groups);
-    tasks.emplace_back(*o.w->packed, n_tok, share);
-    start.push_back(start.back() + tasks.back().count());
-  }
-  parallel_for(start.back(), [&](int64_t task) {
-    const size_t m = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin()) - 1;
-    tasks[m].run(gemm, *outs[m].w->packed, acts, outs[m].y, task - start[m]);
-  });
+  gemm_job(
+      outs.size(), [&](size_t m) { return outs[m].w->packed->n_groups; }, n_tok, level,
+      [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+        gemm(*outs[m].w->packed, acts, g0, g1, t0, t1, outs[m].y);
+        add_bias(outs[m], kPackRows, g0, g1, t0, t1);
+      });
 }
 
 void prepare_weights(WeightMatrix& w) {
@@ -194,7 +247,16 @@ void prepare_weights(WeightMatrix& w) {
   if (!w.empty() && !w.packed_float && float_packable(w.type)) w.packed_float = pack_float_weights(w);
 }
 
+void prepare_bf16_tiles(WeightMatrix& w) {
+  if (!w.empty() && !w.tiles_bf16 && w.type != DType::F32 && has_amx_bf16() && has_avx512_bf16())
+    w.tiles_bf16 = pack_bf16_tiles(w);
+}
+
 void matmul(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
+  if (runs_bf16_tiles(w)) {
+    const MatmulOut out{&w, y};
+    return matmul_bf16_tiles(std::span(&out, 1), x, n_tok);
+  }
   if (w.packed) {
     const MatmulOut out{&w, y};
     return matmul_packed(std::span(&out, 1), x, n_tok);
@@ -211,12 +273,22 @@ void matmul_many(std::span<const MatmulOut> outs, const float* x, int64_t n_tok)
   for (size_t i = 0; i < outs.size();) {
     size_t j = i + 1;
     const WeightMatrix& w = *outs[i].w;
+    if (runs_bf16_tiles(w)) {
+      while (j < outs.size() && runs_bf16_tiles(*outs[j].w) && outs[j].w->cols == w.cols) ++j;
+      matmul_bf16_tiles(outs.subspan(i, j - i), x, n_tok);
+      i = j;
+      continue;
+    }
     if (w.packed)
       while (j < outs.size() && outs[j].w->packed && outs[j].w->cols == w.cols &&
              act_type_for(outs[j].w->type) == act_type_for(w.type))
         ++j;
-    if (w.packed) matmul_packed(outs.subspan(i, j - i), x, n_tok);
-    else matmul(w, x, outs[i].y, n_tok);
+    if (w.packed) {
+      matmul_packed(outs.subspan(i, j - i), x, n_tok);
+    } else {
+      matmul(w, x, outs[i].y, n_tok);
+      if (outs[i].bias) parallel_for(n_tok, [&](int64_t t) { add_bias(outs[i], w.rows, 0, 1, t, t + 1); });
+    }
     i = j;
   }
 }
@@ -230,13 +302,26 @@ void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) 
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
 
+// Sums in 16 float lanes (a loop the compiler vectorises; a fixed order), the lanes then added in double;
+// the deviations from the mean rounded to float.
 void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n, float eps) {
-  double sum = 0, ss = 0;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
-  const double mean = sum / double(n);
-  for (int64_t i = 0; i < n; ++i) ss += (x[i] - mean) * (x[i] - mean);
-  const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = float((x[i] - mean) * inv) * w[i] + b[i];
+  constexpr int kLanes = 16;
+  float lane[kLanes] = {};
+  const auto total = [&] {
+    double t = 0;
+    for (float& l : lane) t += l, l = 0;
+    return t;
+  };
+  const int64_t body = n - n % kLanes;
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += x[i + l];
+  for (int64_t i = body; i < n; ++i) lane[i - body] += x[i];
+  const float m = float(total() / double(n));
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += (x[i + l] - m) * (x[i + l] - m);
+  for (int64_t i = body; i < n; ++i) lane[i - body] += (x[i] - m) * (x[i] - m);
+  const float inv = float(1.0 / std::sqrt(total() / double(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - m) * inv * w[i] + b[i];
 }
 
 float gelu_erf(float x) { return float(0.5 * x * std::erfc(-double(x) * 0.7071067811865476)); }

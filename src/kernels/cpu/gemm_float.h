@@ -62,7 +62,8 @@ struct FloatActs {
   DType source = DType::F16;
   int64_t n_tok = 0, cols = 0, kpad = 0;
   std::vector<float> x;          // [n_tok][kpad]: the rounded values, zeros past cols
-  std::vector<uint32_t> pairs;   // BF16 only: [n_tok][kpad / 2], bf16 values 2s | 2s+1 << 16
+  std::vector<uint32_t> pairs;   // BF16 only: [n_tok][kpad / 2], bf16 values 2s | 2s+1 << 16 (for the BF16
+                                 // tiles [n_tok rounded up to 16][kpad / 2], the rows past n_tok zero)
 
   const float* row(int64_t t) const { return x.data() + t * kpad; }
   const uint32_t* pair_row(int64_t t) const { return pairs.data() + t * (kpad / 2); }
@@ -87,6 +88,22 @@ void float_gemm_avx512(const PackedFloatWeights& w, const FloatActs& x, int64_t 
 // BF16 by VDPBF16PS; F16 as float_gemm_avx512.
 void float_gemm_avx512_bf16(const PackedFloatWeights& w, const FloatActs& x, int64_t g0, int64_t g1, int64_t t0,
                             int64_t t1, float* y);
+
+// BF16 matrix tiles (AMX-BF16; cpu::prepare_bf16_tiles in ops.h). A matrix of any type is rounded once
+// to BF16 (round to nearest even, denormals to signed zeros) in the BF16 layout above, whose 32-deep K
+// blocks (16 pairs x 16 rows x 2) are the B operand of TDPBF16PS as they lie; the activations are
+// prepare_float_acts' BF16 pairs, whose rows of 16 pairs are the A operand. Each (row, token) sums its
+// products over the whole K in the tile unit's float accumulator (its own order and rounding: not the
+// arithmetic above, and tested against a double-precision sum of the same BF16 values within a bound),
+// the same for every token count, tile and thread count. The activations are rounded by
+// bf16_tile_row_amx (VCVTNEPS2BF16: to nearest even, denormal inputs read as zeros, as the tiles read
+// them) into FloatActs::pairs alone.
+std::shared_ptr<const PackedFloatWeights> pack_bf16_tiles(const WeightMatrix& w);
+// One token's cols floats as kpad BF16 values (zeros past cols; kpad a multiple of 32). Amx level only.
+void bf16_tile_row_amx(const float* x, int64_t cols, int64_t kpad, uint32_t* pairs);
+// Callable only when has_amx_bf16() and the level is Amx; x.pairs has rows up to a multiple of 16.
+void bf16_tile_gemm_amx(const PackedFloatWeights& w, const FloatActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
+                        float* y);
 
 // The kernel matmul uses at `isa` (the _bf16 one at Avx512 and above when the CPU has AVX512_BF16).
 FloatGemmFn float_gemm_for(Isa isa);

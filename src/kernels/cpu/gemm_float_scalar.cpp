@@ -65,6 +65,34 @@ std::shared_ptr<const PackedFloatWeights> pack_float_weights(const WeightMatrix&
   return p;
 }
 
+std::shared_ptr<const PackedFloatWeights> pack_bf16_tiles(const WeightMatrix& w) {
+  auto p = std::make_shared<PackedFloatWeights>();
+  p->source = DType::BF16;
+  p->rows = w.rows;
+  p->cols = w.cols;
+  p->kpad = padded_cols(w.cols);
+  p->n_groups = (w.rows + kFloatRows - 1) / kFloatRows;
+  const size_t bytes = std::max<size_t>(p->bytes(), 64);
+  p->w = alloc_weights(bytes);
+  check(p->w != nullptr, "pack_bf16_tiles: out of memory ({} bytes)", bytes);
+  const int64_t kpad = p->kpad;
+  uint16_t* base = p->values();
+  parallel_for(p->n_groups, [&](int64_t g) {
+    thread_local std::vector<float> row;
+    thread_local std::vector<uint16_t> h;
+    row.resize(size_t(w.cols));
+    h.resize(size_t(w.cols));
+    uint16_t* dst = base + g * kpad * kFloatRows;
+    std::fill(dst, dst + kpad * kFloatRows, uint16_t(0));
+    for (int r = 0; r < kFloatRows && g * kFloatRows + r < w.rows; ++r) {
+      dequantize_row(w.type, w.data + (g * kFloatRows + r) * w.row_stride, row.data(), size_t(w.cols));
+      quantize_act_row(ActType::BF16, row.data(), w.cols, reinterpret_cast<uint8_t*>(h.data()));
+      for (int64_t k = 0; k < w.cols; ++k) dst[(k / 2) * 2 * kFloatRows + r * 2 + (k & 1)] = bf16_daz(h[size_t(k)]);
+    }
+  });
+  return p;
+}
+
 void prepare_float_acts(DType weight_type, const float* x, int64_t cols, int64_t n_tok, FloatActs& out) {
   check(float_packable(weight_type), "prepare_float_acts: {} is not F16 or BF16", dtype_info(weight_type).name);
   const bool bf16 = weight_type == DType::BF16;
