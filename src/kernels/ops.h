@@ -123,6 +123,7 @@ struct MatmulOut {
   const WeightMatrix* w = nullptr;
   float* y = nullptr;
   const float* bias = nullptr;  // when set, y = W x + bias (w->rows values), added in the product's job
+  bool gelu_erf = false;        // then y = GELU(y) (gelu_erf_inplace), in the product's job too
 };
 // Several matrices applied to the same activations (Q/K/V, gate/up): each as matmul, with the
 // activations quantized once per format and every product's tasks in one parallel job.

@@ -368,8 +368,8 @@ void EncoderModel::ffn_block(const EncoderLayer& l, int64_t n_tok, std::vector<f
   const int64_t E = config_.n_embd, F = config_.n_ff;
   EncoderScratch& sc = scratch();
   float *up = sized(sc.up, n_tok * F), *down = sized(sc.down, n_tok * E);
-  cpu::matmul(l.ffn_up, x.data(), up, n_tok);
-  parallel_for(n_tok, [&](int64_t t) { cpu::gelu_erf_inplace(up + t * F, F, l.b_up.data()); });
+  const cpu::MatmulOut up_gelu[] = {{&l.ffn_up, up, l.b_up.data(), true}};
+  cpu::matmul_many(up_gelu, x.data(), n_tok);
   cpu::matmul(l.ffn_down, up, down, n_tok);
   residual_norm(x.data(), n_tok, down, l.b_down, l.out_norm_w, l.out_norm_b, E, config_.eps);
 }

@@ -29,6 +29,7 @@
 #include <random>
 
 #include "base/cpu.h"
+#include "kernels/cpu/attention_dense_impl.h"
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
@@ -540,6 +541,27 @@ TEST(AttentionBench, DISABLED_Qwen05bShapes) {
   }
   cpu::force_isa(saved);
   set_compute_threads(saved_threads);
+}
+
+// The dense kernel's softmax exponential (attention_dense_impl.h), compiled here at the baseline as the
+// scalar level compiles it: within 2^-22 relative of std::exp down to -87, 0 below, NaN kept.
+TEST(AttentionDense, LaneExponentialIsWithinItsBound) {
+  using cpu::attn::Lanes;
+  std::vector<float> a;
+  for (double v = -100; v <= 0; v += 0.0137) a.push_back(float(v));
+  for (float v : {0.0f, -0.0f, -1e-30f, -86.99f, -87.0f, -87.01f, -1e30f, -INFINITY}) a.push_back(v);
+  a.push_back(std::nanf(""));
+  while (a.size() % 16) a.push_back(-1.0f);
+  for (size_t i = 0; i < a.size(); i += 16) {
+    float got[16];
+    cpu::attn::store_lanes(got, cpu::attn::exp_lanes(cpu::attn::load_lanes(a.data() + i)));
+    for (int l = 0; l < 16; ++l) {
+      const float x = a[i + size_t(l)];
+      if (std::isnan(x)) EXPECT_TRUE(std::isnan(got[l]));
+      else if (x < -87.0f) EXPECT_EQ(got[l], 0.0f) << x;
+      else EXPECT_NEAR(got[l], std::exp(double(x)), std::exp(double(x)) * 0x1p-22) << x;
+    }
+  }
 }
 
 // Encoder attention (every query of a span attends every key of it) at each level: against the

@@ -5,7 +5,8 @@
 //
 // The span's keys are transposed once into [d][key] rows padded to 16 keys with zeros. A query's scores
 // are taken 16 keys at a time in a local accumulator (a register at the SIMD levels), each score the sum
-// of its products in d order; the softmax subtracts the row's max and sums in double; the output, for
+// of its products in d order; the softmax subtracts the row's max, takes e^x 16 lanes at a time
+// (exp_lanes) and sums in double; the output, for
 // the common head sizes a local accumulator too, adds its terms in key order. Queries go kDenseQueries
 // at a time, so that their chains overlap (without FMA contraction each step is a multiply and an add).
 #pragma once
@@ -31,6 +32,28 @@ inline Lanes load_lanes(const float* p) {
   return v;
 }
 inline void store_lanes(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
+using LanesI = int32_t __attribute__((vector_size(64)));
+inline Lanes select_lanes(LanesI m, Lanes t, Lanes f) { return Lanes((m & LanesI(t)) | (~m & LanesI(f))); }
+
+// e^a lane by lane for a <= 0 (softmax's score minus the row's max): a = n ln2 + r with n = round(a
+// log2 e), e^r by its Taylor polynomial to degree 7 on |r| <= ln2 / 2 (relative error below 2^-23),
+// times 2^n through the exponent bits. Below -87 (e^a < 2^-125) the result is 0, a NaN stays NaN.
+inline Lanes exp_lanes(Lanes a) {
+  const LanesI under = a < -87.0f, nan = a != a;
+  a = select_lanes(under | nan, Lanes{} + -87.0f, a);
+  const LanesI ni = -__builtin_convertvector(0.5f - a * 1.44269504088896341f, LanesI);  // a <= 0: round
+  const Lanes n = __builtin_convertvector(ni, Lanes);
+  const Lanes r = (a - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  Lanes p = r * (1.0f / 5040) + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const Lanes e = Lanes(LanesI(p) + (ni << 23));
+  return select_lanes(nan, Lanes{} + __builtin_nanf(""), select_lanes(under, Lanes{}, e));
+}
 
 // kQ queries from query i0 (their scores' chains and their outputs' chains are independent, so they
 // overlap; each is the same sequence of operations as alone). kD: the head size (a multiple of 16), or
@@ -53,8 +76,9 @@ void dense_queries(const DenseArgs& a, const float* __restrict kt, int64_t n_pad
     float* __restrict pq = p + q * n_pad;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) mx = std::max(mx, pq[j]);
+    for (int64_t j0 = 0; j0 < n_pad; j0 += kDenseKeys) store_lanes(pq + j0, exp_lanes(load_lanes(pq + j0) - mx));
     double sum = 0;
-    for (int64_t j = 0; j < n; ++j) sum += (pq[j] = std::exp(pq[j] - mx));
+    for (int64_t j = 0; j < n; ++j) sum += pq[j];
     inv[q] = float(1.0 / sum);
   }
   if constexpr (kD > 0) {

@@ -186,13 +186,21 @@ void gemm_job(size_t n_products, Groups&& groups, int64_t n_tok, Isa level, Run&
   });
 }
 
-// y[t][r] += bias[r] for rows of groups [g0, g1) (of `group_rows`) and tokens [t0, t1): a product's bias,
-// added by the task that computed those values (still in its cache).
-void add_bias(const MatmulOut& o, int64_t group_rows, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
-  if (!o.bias) return;
+// A product's bias and activation for rows of groups [g0, g1) (of `group_rows`) and tokens [t0, t1),
+// applied by the task that computed those values (still in its cache): elementwise, so the same bits
+// as a pass over the whole output.
+void finish_rows(const MatmulOut& o, int64_t group_rows, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  if (!o.bias && !o.gelu_erf) return;
   const int64_t rows = o.w->rows, r0 = g0 * group_rows, r1 = std::min(rows, g1 * group_rows);
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t r = r0; r < r1; ++r) o.y[t * rows + r] += o.bias[r];
+  for (int64_t t = t0; t < t1; ++t) {
+    float* y = o.y + t * rows + r0;
+    const float* b = o.bias ? o.bias + r0 : nullptr;
+    if (o.gelu_erf) {
+      gelu_erf_inplace(y, r1 - r0, b);
+    } else {
+      for (int64_t r = 0; r < r1 - r0; ++r) y[r] += b[r];
+    }
+  }
 }
 
 // Products of matrices kept in BF16 tiles (prepare_bf16_tiles) with the same activations, rounded once.
@@ -213,7 +221,7 @@ void matmul_bf16_tiles(std::span<const MatmulOut> outs, const float* x, int64_t 
       outs.size(), [&](size_t m) { return outs[m].w->tiles_bf16->n_groups; }, n_tok, Isa::Amx,
       [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         bf16_tile_gemm_amx(*outs[m].w->tiles_bf16, acts, g0, g1, t0, t1, outs[m].y);
-        add_bias(outs[m], kFloatRows, g0, g1, t0, t1);
+        finish_rows(outs[m], kFloatRows, g0, g1, t0, t1);
       });
 #else
   (void)outs, (void)x, (void)n_tok;
@@ -238,7 +246,7 @@ void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_to
       outs.size(), [&](size_t m) { return outs[m].w->packed->n_groups; }, n_tok, level,
       [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         gemm(*outs[m].w->packed, acts, g0, g1, t0, t1, outs[m].y);
-        add_bias(outs[m], kPackRows, g0, g1, t0, t1);
+        finish_rows(outs[m], kPackRows, g0, g1, t0, t1);
       });
 }
 
@@ -287,7 +295,7 @@ void matmul_many(std::span<const MatmulOut> outs, const float* x, int64_t n_tok)
       matmul_packed(outs.subspan(i, j - i), x, n_tok);
     } else {
       matmul(w, x, outs[i].y, n_tok);
-      if (outs[i].bias) parallel_for(n_tok, [&](int64_t t) { add_bias(outs[i], w.rows, 0, 1, t, t + 1); });
+      parallel_for(n_tok, [&](int64_t t) { finish_rows(outs[i], w.rows, 0, 1, t, t + 1); });
     }
     i = j;
   }
