@@ -426,6 +426,31 @@ def test_decoder_last_token_embeddings_equal_transformers(name, path):
         assert s.stop() == 0
 
 
+def test_qwen3_last_token_embedding_is_transformers_last_hidden_state():
+    """Qwen3 (QK-norm) as a last-token embedder, as Qwen3-Embedding runs: the tiny random Qwen3 of the
+    models' tests. transformers' recorded top-16 logits at a prompt's last position are W h for its final
+    hidden state h, so the output rows of those tokens times Serval's (normalised) embedding must be
+    proportional to them, with a positive factor (|h|). The directory's F16 weights multiply activations
+    rounded to F16 (as test_families.py's TOL["f16"]): measured at most 2.7e-4 off."""
+    from safetensors_np import read_safetensors
+    fam = DATA / "families"
+    ref = json.loads((fam / "reference.json").read_text())["qwen3"]
+    w = read_safetensors(fam / "qwen3" / "model.safetensors")
+    out = np.asarray(w.get("lm_head.weight", w["model.embed_tokens.weight"]), dtype=np.float64)  # tied
+    s = Server(fam / "qwen3", "--embeddings", "--kv-cache-dtype", "f32")
+    try:
+        for row in ref:
+            got, _ = embed(s, [row["ids"]])
+            ids = [i for i, _ in row["top"]]
+            want = np.array([v for _, v in row["top"]])
+            proj = out[ids] @ got[0]
+            scale = float(proj @ want / (proj @ proj))
+            assert scale > 0
+            assert np.abs(scale * proj - want).max() <= 1e-3, (scale * proj, want)
+    finally:
+        assert s.stop() == 0
+
+
 def test_decoder_embeddings_beside_generation_are_batch_invariant():
     """Embedding requests share the engine's steps with generating ones; each result is the same bits as
     when it runs alone, and the generation is unchanged."""
