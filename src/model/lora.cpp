@@ -71,6 +71,11 @@ class Builder {
   void set(int64_t il, LoraTarget t, bool is_a, const TensorRef& ref, int permute) {
     check(il >= 0 && il < c_.n_layer, "{}: tensor '{}' is for layer {}, the model has {}", a_.path, ref.name, il, c_.n_layer);
     check(ref.ne.size() == 2, "{}: tensor '{}' is not a matrix", a_.path, ref.name);
+    // A mixture-of-experts layer has no dense FFN products to update (its experts take no adapters).
+    const bool ffn = t == LoraTarget::Gate || t == LoraTarget::Up || t == LoraTarget::Down;
+    check(!ffn || c_.layer_is_moe.empty() || !c_.layer_is_moe[size_t(il)],
+          "{}: tensor '{}' updates the FFN of layer {}, a mixture-of-experts layer: LoRA on experts is not "
+          "supported (attention projections are)", a_.path, ref.name, il);
     const auto [out, in] = target_shape(c_, t);
     const int64_t rows = int64_t(ref.ne[1]), cols = int64_t(ref.ne[0]);
     const int64_t rank = is_a ? rows : cols;

@@ -88,6 +88,57 @@ def test_equals_merged_weights_computed_with_numpy(tmp_path):
         assert worst(score(merged, row), score(BASE, row, "--lora", LORA / name)) <= TOL
 
 
+def random_peft(out, weights, modules, rank=4, alpha=8, std=0.05):
+    """A PEFT directory of random A/B pairs (numpy, F32) for `modules` (names under model.layers.L) of
+    every layer whose weight is in `weights`."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for i, key in enumerate(sorted(k for k in weights if any(k.endswith(m + ".weight") for m in modules))):
+        n_out, n_in = weights[key].shape
+        stem = "base_model.model." + key[:-len(".weight")]
+        rng = np.random.default_rng(i)
+        tensors[stem + ".lora_A.weight"] = rng.normal(0, std, (rank, n_in)).astype(np.float32)
+        tensors[stem + ".lora_B.weight"] = rng.normal(0, std, (n_out, rank)).astype(np.float32)
+    write_safetensors(out / "adapter_model.safetensors", tensors)
+    (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": alpha,
+                                                         "bias": "none", "target_modules": list(modules)}))
+    return tensors, alpha / rank
+
+
+def test_mixture_of_experts_attention_adapter_equals_merged_weights(tmp_path):
+    """On a mixture-of-experts model (the tiny random Qwen3-MoE of the models' tests) an adapter on the
+    attention projections gives the outputs of W + (alpha / r) B A merged here with numpy (both models in
+    F32); one on the FFN of an MoE layer is refused (its experts take no adapters), never ignored."""
+    fam = DATA / "families"
+    src = fam / "qwen3moe"
+    weights = {k: v.astype(np.float32) for k, v in read_safetensors(src / "model.safetensors").items()}
+    adapter, factor = random_peft(tmp_path / "attn", weights, ["self_attn.q_proj", "self_attn.o_proj"])
+    merged = dict(weights)
+    for key, a in adapter.items():
+        if ".lora_A." in key:
+            target = key.replace("base_model.model.", "").replace(".lora_A.weight", ".weight")
+            merged[target] = merged[target] + factor * (adapter[key.replace(".lora_A.", ".lora_B.")] @ a)
+    dirs = {}
+    for name, tensors in (("base", weights), ("merged", merged)):
+        d = dirs[name] = tmp_path / name
+        d.mkdir()
+        for f in src.iterdir():
+            if f.name != "model.safetensors":
+                shutil.copy(f, d / f.name)
+        write_safetensors(d / "model.safetensors", tensors)
+    rows = json.loads((fam / "reference.json").read_text())["qwen3moe"]
+    for row in rows:
+        row = {"prompt": row["prompt"], "continuation": row["greedy"]}
+        with_adapter = score(dirs["base"], row, "--lora", tmp_path / "attn")
+        assert worst(with_adapter, score(dirs["merged"], row)) <= TOL
+        assert worst(with_adapter, score(dirs["base"], row)) > 100 * TOL  # the adapter does something
+    # PEFT's names for a dense FFN, on layers whose FFN is experts
+    dense = {f"model.layers.{il}.mlp.up_proj.weight": np.zeros((32, 64), np.float32) for il in range(2)}
+    random_peft(tmp_path / "ffn", dense, ["mlp.up_proj"])
+    p = run("score", "-m", dirs["base"], "-p", "x", "--ids", "1", "--lora", tmp_path / "ffn", check=False)
+    assert p.returncode != 0 and "mixture-of-experts layer" in p.stderr, p.stderr
+
+
 @pytest.fixture(scope="module")
 def server():
     s = Server(BASE, "--lora", f"a={LORA / 'stories-a'}", "--lora", f"b={LORA / 'stories-b'}",
