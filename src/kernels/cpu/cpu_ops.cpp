@@ -56,22 +56,58 @@ struct PreparedActivations {
 
 // F16 / BF16 weights repacked for the float GEMM (gemm_float.h): activations rounded once, then tasks
 // of (row groups x up to 64 tokens), as matmul_packed splits its products.
+// Tasks of (row groups x tokens): token chunks small enough that their activations stay in L2, and
+// enough tasks per thread that a thread slowed by another process hands its share to the others. For
+// the AMX kernels (`paired`) a task's groups come in pairs (gemm_amx.cpp runs two groups x two token
+// tiles at once) and its token chunk is twice as long (each call widens its groups' weights once for
+// all its tokens).
+struct GemmTasks {
+  int64_t n_groups, n_tok, tok_chunk, n_tchunks, per_task, n_gchunks;
+  GemmTasks(int64_t n_groups, int64_t n_tok, int64_t share, bool paired)
+      : n_groups(n_groups), n_tok(n_tok), tok_chunk(paired ? 128 : 64), n_tchunks((n_tok + tok_chunk - 1) / tok_chunk) {
+    const int64_t step = paired ? 2 : 1;
+    per_task = std::max<int64_t>(1, n_groups * n_tchunks / share);
+    per_task = (per_task + step - 1) / step * step;
+    n_gchunks = (n_groups + per_task - 1) / per_task;
+  }
+  int64_t count() const { return n_gchunks * n_tchunks; }
+  // Calls f(g0, g1, t0, t1) for task `task`.
+  template <class F>
+  void run(int64_t task, F&& f) const {
+    const int64_t gc = task % n_gchunks, tc = task / n_gchunks;
+    const int64_t g0 = gc * per_task, t0 = tc * tok_chunk;
+    f(g0, std::min(n_groups, g0 + per_task), t0, std::min(n_tok, t0 + tok_chunk));
+  }
+};
+
+// Each product's tasks, about 8 per thread over all of them in proportion to their groups, in one job:
+// run(m, g0, g1, t0, t1) computes product m's part.
+template <class Groups, class Run>
+void gemm_job(size_t n_products, Groups&& groups, int64_t n_tok, bool paired, Run&& run) {
+  int64_t total_groups = 0;
+  for (size_t m = 0; m < n_products; ++m) total_groups += groups(m);
+  std::vector<GemmTasks> tasks;
+  std::vector<int64_t> start{0};
+  for (size_t m = 0; m < n_products; ++m) {
+    const int64_t share = std::max<int64_t>(1, pool_threads() * 8 * groups(m) / total_groups);
+    tasks.emplace_back(groups(m), n_tok, share, paired);
+    start.push_back(start.back() + tasks.back().count());
+  }
+  parallel_for(start.back(), [&](int64_t task) {
+    const size_t m = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin()) - 1;
+    tasks[m].run(task - start[m], [&](int64_t g0, int64_t g1, int64_t t0, int64_t t1) { run(m, g0, g1, t0, t1); });
+  });
+}
+
 void matmul_packed_float(const WeightMatrix& w, const float* x, float* y, int64_t n_tok) {
   thread_local FloatActs buffers;  // the calling thread's, reused across calls
   FloatActs& acts = buffers;
   const PackedFloatWeights& p = *w.packed_float;
   prepare_float_acts(p.source, x, p.cols, n_tok, acts);
   const FloatGemmFn gemm = float_gemm_for(active_isa());
-  constexpr int64_t kTokChunk = 64;
-  const int64_t n_tchunks = (n_tok + kTokChunk - 1) / kTokChunk;
-  const int64_t per_task = std::max<int64_t>(1, p.n_groups * n_tchunks / (int64_t(pool_threads()) * 8));
-  const int64_t n_gchunks = (p.n_groups + per_task - 1) / per_task;
-  parallel_for(n_gchunks * n_tchunks, [&](int64_t task) {
-    const int64_t gc = task % n_gchunks, tc = task / n_gchunks;
-    const int64_t g0 = gc * per_task, g1 = std::min(p.n_groups, g0 + per_task);
-    const int64_t t0 = tc * kTokChunk, t1 = std::min(n_tok, t0 + kTokChunk);
-    gemm(p, acts, g0, g1, t0, t1, y);
-  });
+  gemm_job(
+      1, [&](size_t) { return p.n_groups; }, n_tok, false,
+      [&](size_t, int64_t g0, int64_t g1, int64_t t0, int64_t t1) { gemm(p, acts, g0, g1, t0, t1, y); });
 }
 
 // Float weights: F16 / BF16 prepared for the float GEMM take it (`x` as given: it rounds them);
@@ -143,49 +179,6 @@ PackedGemmFn packed_gemm_for(Isa isa) {
   return packed_gemm_scalar;
 }
 
-// Tasks of (row groups x tokens): token chunks small enough that their activations stay in L2, and
-// enough tasks per thread that a thread slowed by another process hands its share to the others. At
-// the AMX level a task's groups come in pairs (gemm_amx.cpp runs two groups x two token tiles at once)
-// and its token chunk is twice as long (each call widens its groups' weights once for all its tokens).
-struct GemmTasks {
-  int64_t n_groups, n_tok, tok_chunk, n_tchunks, per_task, n_gchunks;
-  GemmTasks(int64_t n_groups, int64_t n_tok, int64_t share, Isa level)
-      : n_groups(n_groups), n_tok(n_tok), tok_chunk(level == Isa::Amx ? 128 : 64),
-        n_tchunks((n_tok + tok_chunk - 1) / tok_chunk) {
-    const int64_t step = level == Isa::Amx ? 2 : 1;
-    per_task = std::max<int64_t>(1, n_groups * n_tchunks / share);
-    per_task = (per_task + step - 1) / step * step;
-    n_gchunks = (n_groups + per_task - 1) / per_task;
-  }
-  int64_t count() const { return n_gchunks * n_tchunks; }
-  // Calls f(g0, g1, t0, t1) for task `task`.
-  template <class F>
-  void run(int64_t task, F&& f) const {
-    const int64_t gc = task % n_gchunks, tc = task / n_gchunks;
-    const int64_t g0 = gc * per_task, t0 = tc * tok_chunk;
-    f(g0, std::min(n_groups, g0 + per_task), t0, std::min(n_tok, t0 + tok_chunk));
-  }
-};
-
-// Each product's tasks, about 8 per thread over all of them in proportion to their groups, in one job:
-// run(m, g0, g1, t0, t1) computes product m's part.
-template <class Groups, class Run>
-void gemm_job(size_t n_products, Groups&& groups, int64_t n_tok, Isa level, Run&& run) {
-  int64_t total_groups = 0;
-  for (size_t m = 0; m < n_products; ++m) total_groups += groups(m);
-  std::vector<GemmTasks> tasks;
-  std::vector<int64_t> start{0};
-  for (size_t m = 0; m < n_products; ++m) {
-    const int64_t share = std::max<int64_t>(1, pool_threads() * 8 * groups(m) / total_groups);
-    tasks.emplace_back(groups(m), n_tok, share, level);
-    start.push_back(start.back() + tasks.back().count());
-  }
-  parallel_for(start.back(), [&](int64_t task) {
-    const size_t m = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin()) - 1;
-    tasks[m].run(task - start[m], [&](int64_t g0, int64_t g1, int64_t t0, int64_t t1) { run(m, g0, g1, t0, t1); });
-  });
-}
-
 // A product's bias and activation for rows of groups [g0, g1) (of `group_rows`) and tokens [t0, t1),
 // applied by the task that computed those values (still in its cache): elementwise, so the same bits
 // as a pass over the whole output.
@@ -218,7 +211,7 @@ void matmul_bf16_tiles(std::span<const MatmulOut> outs, const float* x, int64_t 
     else std::fill(row, row + kpad / 2, 0u);  // the last tile's rows past n_tok
   });
   gemm_job(
-      outs.size(), [&](size_t m) { return outs[m].w->tiles_bf16->n_groups; }, n_tok, Isa::Amx,
+      outs.size(), [&](size_t m) { return outs[m].w->tiles_bf16->n_groups; }, n_tok, true,
       [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         bf16_tile_gemm_amx(*outs[m].w->tiles_bf16, acts, g0, g1, t0, t1, outs[m].y);
         finish_rows(outs[m], kFloatRows, g0, g1, t0, t1);
@@ -243,7 +236,7 @@ void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     check(!o.w->packed->plane_by_value || int(level) <= int(Isa::Avx2),  // packed.h: PlaneLayout
           "weights packed with the AVX2 plane order run at the avx2 level or below, not {}", isa_name(level));
   gemm_job(
-      outs.size(), [&](size_t m) { return outs[m].w->packed->n_groups; }, n_tok, level,
+      outs.size(), [&](size_t m) { return outs[m].w->packed->n_groups; }, n_tok, level == Isa::Amx,
       [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         gemm(*outs[m].w->packed, acts, g0, g1, t0, t1, outs[m].y);
         finish_rows(outs[m], kPackRows, g0, g1, t0, t1);
