@@ -233,14 +233,17 @@ TEST_P(PackedGemm, AllBitsSetAgainstLargestActivations) {
   WeightMatrix w{t, rows, cols, bytes.data(), row_bytes(t, cols)};
   cpu::prepare_weights(w);
   ASSERT_TRUE(w.packed);
-  std::vector<float> x(4 * cols, 1.0f);  // all at the activation maximum
-  for (int64_t i = cols; i < 2 * cols; ++i) x[i] = -1.0f;
-  std::vector<float> want(4 * rows), got(want.size());
-  ref::matmul(WeightMatrix{t, rows, cols, bytes.data(), w.row_stride}, x.data(), want.data(), 4);
+  // All at the activation maximum, of either sign; 32 tokens, so that the AMX level's tiles run too.
+  constexpr int64_t kTok = 32;
+  std::vector<float> x(kTok * cols, 1.0f);
+  for (int64_t i = 0; i < kTok * cols; ++i)
+    if ((i / cols) % 2) x[i] = -1.0f;
+  std::vector<float> want(kTok * rows), got(want.size());
+  ref::matmul(WeightMatrix{t, rows, cols, bytes.data(), w.row_stride}, x.data(), want.data(), kTok);
   for (cpu::Isa level : kLevels) {
     if (int(level) > int(cpu::detected_isa())) continue;
     cpu::force_isa(level);
-    cpu::matmul(w, x.data(), got.data(), 4);
+    cpu::matmul(w, x.data(), got.data(), kTok);
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got[i], want[i], error_bound(w, int64_t(i) % rows, x.data() + (int64_t(i) / rows) * cols))
           << dtype_info(t).name << " " << cpu::isa_name(level) << " output " << i;
