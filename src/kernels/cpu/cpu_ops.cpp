@@ -57,15 +57,21 @@ struct PreparedActivations {
 // F16 / BF16 weights repacked for the float GEMM (gemm_float.h): activations rounded once, then tasks
 // of (row groups x up to 64 tokens), as matmul_packed splits its products.
 // Tasks of (row groups x tokens): token chunks small enough that their activations stay in L2, and
-// enough tasks per thread that a thread slowed by another process hands its share to the others. For
-// the AMX kernels (`paired`) a task's groups come in pairs (gemm_amx.cpp runs two groups x two token
-// tiles at once) and its token chunk is twice as long (each call widens its groups' weights once for
-// all its tokens).
+// enough tasks per thread that a thread slowed by another process hands its share to the others. The
+// AMX kernels take a task's groups in pairs (two groups x two token tiles at once) and longer token
+// chunks: the int8 one widens its groups' weights once per call, for all the call's tokens (256 tokens
+// rather than 128: Q5_0 +25-40 %, Q4_K +15-22 % in serval_bench_gemm); the BF16 tiles have nothing to
+// widen and keep more tasks (128; 256 was 3-8 % slower on MiniLM's matrices).
+struct GemmSplit {
+  int64_t tok_chunk = 64, group_step = 1;
+};
+constexpr GemmSplit kFloatSplit{64, 1}, kInt8TileSplit{256, 2}, kBf16TileSplit{128, 2};
+
 struct GemmTasks {
   int64_t n_groups, n_tok, tok_chunk, n_tchunks, per_task, n_gchunks;
-  GemmTasks(int64_t n_groups, int64_t n_tok, int64_t share, bool paired)
-      : n_groups(n_groups), n_tok(n_tok), tok_chunk(paired ? 128 : 64), n_tchunks((n_tok + tok_chunk - 1) / tok_chunk) {
-    const int64_t step = paired ? 2 : 1;
+  GemmTasks(int64_t n_groups, int64_t n_tok, int64_t share, GemmSplit split)
+      : n_groups(n_groups), n_tok(n_tok), tok_chunk(split.tok_chunk), n_tchunks((n_tok + tok_chunk - 1) / tok_chunk) {
+    const int64_t step = split.group_step;
     per_task = std::max<int64_t>(1, n_groups * n_tchunks / share);
     per_task = (per_task + step - 1) / step * step;
     n_gchunks = (n_groups + per_task - 1) / per_task;
@@ -83,14 +89,14 @@ struct GemmTasks {
 // Each product's tasks, about 8 per thread over all of them in proportion to their groups, in one job:
 // run(m, g0, g1, t0, t1) computes product m's part.
 template <class Groups, class Run>
-void gemm_job(size_t n_products, Groups&& groups, int64_t n_tok, bool paired, Run&& run) {
+void gemm_job(size_t n_products, Groups&& groups, int64_t n_tok, GemmSplit split, Run&& run) {
   int64_t total_groups = 0;
   for (size_t m = 0; m < n_products; ++m) total_groups += groups(m);
   std::vector<GemmTasks> tasks;
   std::vector<int64_t> start{0};
   for (size_t m = 0; m < n_products; ++m) {
     const int64_t share = std::max<int64_t>(1, pool_threads() * 8 * groups(m) / total_groups);
-    tasks.emplace_back(groups(m), n_tok, share, paired);
+    tasks.emplace_back(groups(m), n_tok, share, split);
     start.push_back(start.back() + tasks.back().count());
   }
   parallel_for(start.back(), [&](int64_t task) {
@@ -106,7 +112,7 @@ void matmul_packed_float(const WeightMatrix& w, const float* x, float* y, int64_
   prepare_float_acts(p.source, x, p.cols, n_tok, acts);
   const FloatGemmFn gemm = float_gemm_for(active_isa());
   gemm_job(
-      1, [&](size_t) { return p.n_groups; }, n_tok, false,
+      1, [&](size_t) { return p.n_groups; }, n_tok, kFloatSplit,
       [&](size_t, int64_t g0, int64_t g1, int64_t t0, int64_t t1) { gemm(p, acts, g0, g1, t0, t1, y); });
 }
 
@@ -211,7 +217,7 @@ void matmul_bf16_tiles(std::span<const MatmulOut> outs, const float* x, int64_t 
     else std::fill(row, row + kpad / 2, 0u);  // the last tile's rows past n_tok
   });
   gemm_job(
-      outs.size(), [&](size_t m) { return outs[m].w->tiles_bf16->n_groups; }, n_tok, true,
+      outs.size(), [&](size_t m) { return outs[m].w->tiles_bf16->n_groups; }, n_tok, kBf16TileSplit,
       [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         bf16_tile_gemm_amx(*outs[m].w->tiles_bf16, acts, g0, g1, t0, t1, outs[m].y);
         finish_rows(outs[m], kFloatRows, g0, g1, t0, t1);
@@ -236,7 +242,8 @@ void matmul_packed(std::span<const MatmulOut> outs, const float* x, int64_t n_to
     check(!o.w->packed->plane_by_value || int(level) <= int(Isa::Avx2),  // packed.h: PlaneLayout
           "weights packed with the AVX2 plane order run at the avx2 level or below, not {}", isa_name(level));
   gemm_job(
-      outs.size(), [&](size_t m) { return outs[m].w->packed->n_groups; }, n_tok, level == Isa::Amx,
+      outs.size(), [&](size_t m) { return outs[m].w->packed->n_groups; }, n_tok,
+      level == Isa::Amx ? kInt8TileSplit : kFloatSplit,
       [&](size_t m, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         gemm(*outs[m].w->packed, acts, g0, g1, t0, t1, outs[m].y);
         finish_rows(outs[m], kPackRows, g0, g1, t0, t1);
