@@ -15,14 +15,13 @@
 #include "kernels/isa.h"
 #include "kernels/ops.h"
 #include "random_blocks.h"
+#include "test_support.h"
 #include "tensor/dequant.h"
 
 namespace serval {
 namespace {
 
-struct TilesIsaGuard {
-  ~TilesIsaGuard() { cpu::force_isa(cpu::detected_isa()); }
-};
+using test::IsaGuard;
 
 // x rounded to BF16 (to nearest, ties to even), denormal inputs and results read as zeros.
 double bf16_rne(float x) {
@@ -70,7 +69,7 @@ TEST(Bf16Tiles, PreparedOnlyWhereTheCpuHasThemAndNeverForF32) {
 
 TEST(Bf16Tiles, MatchTheDoubleSumOfTheBf16ValuesWithinTheFloatBound) {
   if (skip_without_tiles()) GTEST_SKIP();
-  TilesIsaGuard guard;
+  IsaGuard guard;
   cpu::force_isa(cpu::Isa::Amx);
   for (const Bf16Case& c : kBf16Cases) {
     Bf16Matrix m(c, uint32_t(c.rows * 3 + c.cols));
@@ -100,7 +99,7 @@ TEST(Bf16Tiles, MatchTheDoubleSumOfTheBf16ValuesWithinTheFloatBound) {
 
 TEST(Bf16Tiles, TokenResultsDoNotDependOnTheBatchOrThreads) {
   if (skip_without_tiles()) GTEST_SKIP();
-  TilesIsaGuard guard;
+  IsaGuard guard;
   cpu::force_isa(cpu::Isa::Amx);
   const int saved_threads = pool_threads();
   for (const Bf16Case& c : kBf16Cases) {
@@ -123,7 +122,7 @@ TEST(Bf16Tiles, TokenResultsDoNotDependOnTheBatchOrThreads) {
 // Below the Amx level a matrix with tiles runs as one without them; a product's bias gives the bits of
 // the product plus the bias added afterwards, at every level (tiles, packed, float).
 TEST(Bf16Tiles, OnlyTheTileLevelUsesThemAndBiasesAreAddedToTheProduct) {
-  TilesIsaGuard guard;
+  IsaGuard guard;
   for (const Bf16Case& c : kBf16Cases) {
     Bf16Matrix tiled(c, 5);
     WeightMatrix plain = tiled.w;

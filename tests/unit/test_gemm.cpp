@@ -23,6 +23,7 @@
 #include "kernels/ops.h"
 #include "tensor/blocks.h"
 #include "random_blocks.h"
+#include "test_support.h"
 
 namespace serval {
 namespace {
@@ -32,10 +33,7 @@ const std::vector<DType> kPackedTypes = {DType::Q4_0, DType::Q4_1, DType::Q5_0, 
                                          DType::MXFP4};
 const std::vector<cpu::Isa> kLevels = {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512, cpu::Isa::Amx};
 
-// Restores the detected level when a test ends.
-struct IsaGuard {
-  ~IsaGuard() { cpu::force_isa(cpu::detected_isa()); }
-};
+using test::IsaGuard;
 
 // A matrix whose rows start one byte past an aligned address (as tensors in a mapped file may).
 struct TestMatrix {

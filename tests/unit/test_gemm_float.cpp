@@ -31,10 +31,7 @@
 namespace serval {
 namespace {
 
-// Restores the detected level when a test ends.
-struct IsaGuard {
-  ~IsaGuard() { cpu::force_isa(cpu::detected_isa()); }
-};
+using test::IsaGuard;
 
 // Rows `pad` bytes apart beyond their length (a misaligned stride), the first `offset` bytes past an
 // aligned address. The gaps hold 0xAB bytes, which would show in the results if a kernel read them.

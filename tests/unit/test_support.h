@@ -6,8 +6,14 @@
 #include <string>
 
 #include "base/error.h"
+#include "kernels/isa.h"
 
 namespace serval::test {
+
+// Restores the detected ISA level when a test ends (tests force lower levels with cpu::force_isa).
+struct IsaGuard {
+  ~IsaGuard() { cpu::force_isa(cpu::detected_isa()); }
+};
 
 inline std::string shared_path(const std::string& rel) { return std::string(SERVAL_SHARED_DIR) + "/" + rel; }
 

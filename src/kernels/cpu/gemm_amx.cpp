@@ -129,8 +129,8 @@ inline void issue(const PackedActs& x, const uint8_t* wq, int64_t t0, int64_t b)
   }
 }
 
-// Block b's sums (s: [half][token][row]) into the super-block's integer sums, as packed.h says.
-// Block b's sums (s: [half][token][row], the offset already out) into the super-block's integer sums.
+// Block b's sums (s: [half][token][row], the offset already out) into the super-block's integer sums, as
+// packed.h says.
 template <int kSub>
 inline void add_block(const PackedWeights& w, int64_t g, int64_t b, int nt, const int32_t (*s)[kTileTokens][16],
                       __m512i* isum) {
