@@ -32,9 +32,10 @@ KvCache::KvCache(const ModelConfig& c, std::vector<int64_t> n_slots, DType type)
     layer_group_.push_back(c.kv_group(il));
     // Another pipeline stage's layers hold nothing here.
     const size_t bytes = c.owns_layer(il) ? size_t(n_slots_[layer_group_.back()]) * row_bytes_ : 0;
-    k_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes});
+    k_.push_back({alloc_huge(bytes), bytes});
     const size_t v_bytes = shared_v_ ? 0 : bytes;  // MLA: V is read from the K rows
-    v_.push_back({std::unique_ptr<uint8_t[]>(new uint8_t[v_bytes]), v_bytes});
+    v_.push_back({alloc_huge(v_bytes), v_bytes});
+    check((bytes == 0 || k_.back().data) && (v_bytes == 0 || v_.back().data), "out of memory for the KV cache ({} bytes a layer)", bytes + v_bytes);
   }
 }
 

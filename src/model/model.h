@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "base/huge_pages.h"
 #include "model/lora.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -64,9 +65,10 @@ class KvCache {
   std::vector<float> head_scale_;  // [layer][local KV head]
   bool v_rotated_;                  // F8_E4M3 with a power-of-two head size: V stored rotated (KvLayerView)
   bool shared_v_;                   // MLA: no V pools; V is the K rows
-  // Uninitialized on purpose: pages are only touched (and become resident) when written.
+  // Uninitialized on purpose: pages are only touched (and become resident) when written. On huge
+  // pages (base/huge_pages.h): attention reads a sequence's blocks scattered over the pool.
   struct Pool {
-    std::unique_ptr<uint8_t[]> data;
+    HugeBuffer data;
     size_t bytes = 0;
   };
   std::vector<Pool> k_, v_;

@@ -32,6 +32,7 @@ namespace {
 struct VScalar {
   static constexpr int W = kLanesScalar;
   static constexpr int kRowVectors = 1;
+  static constexpr int kPvRows = 1, kPvDims = 1;  // pv_single: rows x vectors of dimensions per call
   struct T {
     float v[W];
   };
@@ -140,10 +141,13 @@ Kernel active_kernel() {
   return {tile_scalar, kLanesScalar};
 }
 
-// Per pool thread: scratch of the kernel (slot 0) and room for scores (slot 1), 64-byte aligned.
+// Per thread, 64-byte aligned, kept from call to call: the kernel's scratch (slot 0) and room for
+// scores (slot 1) of a task; a split call's chunk states (slot 2) and kept scores (slot 3), on the
+// calling thread. Never cleared: every float is written before it is read.
+enum BufferSlot { kScratch, kTaskScores, kCallStates, kCallScores, kSlots };
 float* thread_buffer(int slot, int64_t n) {
-  thread_local std::unique_ptr<float[]> buf[2];
-  thread_local int64_t cap[2] = {0, 0};
+  thread_local std::unique_ptr<float[]> buf[kSlots];
+  thread_local int64_t cap[kSlots] = {0, 0, 0, 0};
   if (cap[slot] < n) {
     cap[slot] = n;
     buf[slot].reset(new float[size_t(n + 16)]);
@@ -262,7 +266,7 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
     a.first = first.data() + t.begin, a.last = last.data() + t.begin;
     a.blocks = q0.keys.blocks.data(), a.block_size = q0.keys.block_size;
     a.k = kv.k, a.v = kv.v, a.slot_bytes = slot_bytes, a.head_bytes = head_bytes;
-    a.scratch = thread_buffer(0, scratch_floats(t.n * group, s.d_head, kernel.lanes));
+    a.scratch = thread_buffer(kScratch, scratch_floats(t.n * group, s.d_head, kernel.lanes));
     return a;
   };
 
@@ -293,7 +297,7 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
       TileArgs a = args(t, int(u % s.n_head_kv));
       a.mode = Mode::Full, a.c_begin = c_first(t), a.c_end = c_last(t) + 1;
       const int64_t room = n_chunks(t) * scores_floats(t.n * group, kernel.lanes);
-      if (room <= g_task_scores.load(std::memory_order_relaxed)) a.scores = thread_buffer(1, room);
+      if (room <= g_task_scores.load(std::memory_order_relaxed)) a.scores = thread_buffer(kTaskScores, room);
       kernel.fn(a);
     });
     return;
@@ -307,8 +311,9 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
     unit_float[u + 1] = unit_float[u] + n_chunks(t) * state_of(t);
     unit_score[u + 1] = unit_score[u] + n_chunks(t) * scores_floats(t.n * group, kernel.lanes);
   }
-  std::vector<float> states(static_cast<size_t>(unit_float[n_units]));
-  std::vector<float> kept(static_cast<size_t>(unit_score[n_units] <= g_call_scores.load(std::memory_order_relaxed) ? unit_score[n_units] : 0));
+  float* states = thread_buffer(kCallStates, unit_float[n_units]);
+  const bool keep = unit_score[n_units] <= g_call_scores.load(std::memory_order_relaxed);
+  float* kept = keep ? thread_buffer(kCallScores, unit_score[n_units]) : nullptr;
   std::vector<int64_t> task_unit(n_tasks);
   for (int64_t u = 0; u < n_units; ++u)
     for (int64_t k = unit_task[u]; k < unit_task[u + 1]; ++k) task_unit[k] = u;
@@ -316,8 +321,8 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
     const Tile& t = tiles[u / s.n_head_kv];
     TileArgs a = args(t, int(u % s.n_head_kv));
     a.mode = mode, a.c_begin = c_first(t), a.c_end = c_last(t) + 1;
-    a.partial = states.data() + unit_float[u];
-    if (!kept.empty()) a.scores = kept.data() + unit_score[u];
+    a.partial = states + unit_float[u];
+    if (keep) a.scores = kept + unit_score[u];
     return a;
   };
   for (Mode mode : {Mode::Stats, Mode::Values})

@@ -19,6 +19,7 @@ struct V256 {
   using M = __m256;  // all-ones lanes where true
   static constexpr int W = kLanesAvx2;
   static constexpr int kRowVectors = 1;  // 16 registers: one row vector x 8 accumulators
+  static constexpr int kPvRows = 2, kPvDims = 4;  // pv_single: 8 accumulators, 4 values, a weight
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }

@@ -22,6 +22,7 @@ struct V512 {
   using M = __mmask16;
   static constexpr int W = kLanesAvx512;
   static constexpr int kRowVectors = 2;  // row vectors per micro-kernel call (2 x 8 accumulators)
+  static constexpr int kPvRows = 4, kPvDims = 4;  // pv_single: 16 accumulators, 4 values, a weight
   static T zero() { return _mm512_setzero_ps(); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }

@@ -36,6 +36,15 @@ namespace {
 
 constexpr float kNegBig = -1e30f;  // the initial running max (finite: exp(kNegBig - kNegBig) = 1)
 constexpr float kInf = __builtin_inff();
+#ifndef SERVAL_PF_TILES
+#define SERVAL_PF_TILES 2
+#endif
+#ifndef SERVAL_PF_ON
+#define SERVAL_PF_ON 1
+#define SERVAL_PF_STEP 1
+#define SERVAL_PF_LINES 1
+#endif
+constexpr int kPrefetchTiles = SERVAL_PF_TILES;  // how far ahead a tile's rows are fetched
 
 // exp(x) for x <= 0 (larger x are clamped at 88): Cody-Waite reduction to r in [-ln2/2, ln2/2],
 // Cephes' degree-7 polynomial, scaling by 2^n through the exponent bits. 0 for x < -87 (so
@@ -77,7 +86,7 @@ inline typename V::T vsoftcap(typename V::T x, float cap) {
 struct Layout {
   int rows = 0, nv = 0, w = 0, d = 0;
   int64_t qt = 0, firstv = 0, lastv = 0, inv = 0, rvfirst = 0, rvlast = 0, sp = 0, st = 0, run = 0, kt = 0, vt = 0,
-          zrow = 0;
+          zrow = 0, acct = 0;
   int64_t state = 0;  // floats of one state
 };
 
@@ -101,6 +110,7 @@ inline Layout layout(int rows, int d, int w) {
   L.kt = o, o += up16(int64_t(kKeyTile) * d);
   L.vt = o, o += up16(int64_t(kKeyTile) * d);
   L.zrow = o, o += up16(d);
+  L.acct = o, o += up16(nvw * d);
   return L;
 }
 
@@ -283,7 +293,7 @@ void tile_stats(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t t
 // Pass 2 on one key tile for RV row vectors from vector v0: the weights exp(s - M) / L (rounded to
 // F16 with an F16 cache) times V, added to the chunk's sum. The scores are those pass 1 kept in
 // `cache`, or are computed again (the same operations, so the same values).
-template <class V, int RV, bool Masked>
+template <class V, int RV, bool Masked, bool WeightsOnly = false>
 void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t tlo, const float* const* kp,
                  const float* const* vp, const float* cache) {
   using T = typename V::T;
@@ -309,6 +319,7 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
       V::store(s + (r * kKeyTile + j) * W, a.half ? V::f16_round(wj) : wj);
     }
   }
+  if constexpr (WeightsOnly) return;
   float* acc = acc_of(sc + L.st, L) + int64_t(v0) * D * W;
   constexpr int DB = 8;
   int d0 = 0;
@@ -316,10 +327,68 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
   for (; d0 < D; ++d0) pv_block<V, RV, 1, Masked>(acc, s, vp, D, d0, valid);
 }
 
-// Byte offset of the K (or V) row part of kv head `a.kv_head` at position p.
-inline int64_t row_offset(const TileArgs& a, int64_t p) {
-  const int64_t slot = int64_t(a.blocks[p / a.block_size]) * a.block_size + p % a.block_size;
-  return slot * a.slot_bytes + int64_t(a.kv_head) * a.head_bytes;
+// Single-query tiles (a decode step): every row sees the same keys, so pass 2 can put the head's
+// dimensions in the lanes instead of the rows: accT[r][d] += w[r][j] * v_j[d] for the tile's keys
+// j0 .. j1 in order, RB rows x DV vectors of dimensions in registers. Each (r, d) gets the same fused
+// multiply-adds in the same order as in pv_block (keys a row does not see are skipped, as the masked
+// FMAs leave them), so the sums are the same bits; with G rows of D dimensions it takes G x D / W
+// FMAs per key where the rows in lanes take D (0.5B: 7 x 64 / 16 = 28 against 64).
+// w(r, j) is where tile_values left the weight: s[((r / W) * kKeyTile + j) * W + r % W].
+template <class V, int RB, int DV>
+inline void pv_rows(float* acct, const float* s, const float* const* vp, int D, int r0, int dv0, int j0, int j1) {
+  using T = typename V::T;
+  const int W = V::W;
+  T acc[RB][DV];
+#pragma GCC unroll 4
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 4
+    for (int k = 0; k < DV; ++k) acc[i][k] = V::load(acct + int64_t(r0 + i) * D + (dv0 + k) * W);
+  for (int j = j0; j <= j1; ++j) {
+    T vv[DV];
+#pragma GCC unroll 4
+    for (int k = 0; k < DV; ++k) vv[k] = V::load(vp[j] + (dv0 + k) * W);
+#pragma GCC unroll 4
+    for (int i = 0; i < RB; ++i) {
+      const int r = r0 + i;
+      const T w = V::set1(s[((r / W) * kKeyTile + j) * W + r % W]);
+#pragma GCC unroll 4
+      for (int k = 0; k < DV; ++k) acc[i][k] = V::fma(w, vv[k], acc[i][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 4
+    for (int k = 0; k < DV; ++k) V::store(acct + int64_t(r0 + i) * D + (dv0 + k) * W, acc[i][k]);
+}
+
+template <class V, int RB>
+inline void pv_rows_dims(float* acct, const float* s, const float* const* vp, int D, int r0, int j0, int j1) {
+  constexpr int DVMax = V::kPvDims;
+  const int nvec = D / V::W;
+  int dv = 0;
+  for (; dv + DVMax <= nvec; dv += DVMax) pv_rows<V, RB, DVMax>(acct, s, vp, D, r0, dv, j0, j1);
+  for (; dv < nvec; ++dv) pv_rows<V, RB, 1>(acct, s, vp, D, r0, dv, j0, j1);
+}
+
+template <class V>
+void pv_single(const Layout& L, float* sc, const float* const* vp, int j0, int j1) {
+  float* acct = sc + L.acct;
+  const float* s = sc + L.sp;
+  constexpr int RBMax = V::kPvRows;
+  int r = 0;
+  for (; r + RBMax <= L.rows; r += RBMax) pv_rows_dims<V, RBMax>(acct, s, vp, L.d, r, j0, j1);
+  for (; r < L.rows; ++r) pv_rows_dims<V, 1>(acct, s, vp, L.d, r, j0, j1);
+}
+
+// Byte offsets of the K (or V) row parts of kv head `a.kv_head` at positions [p, p + n): one division
+// for the run, then the block table followed slot by slot.
+inline void row_offsets(const TileArgs& a, int64_t p, int n, int64_t* off) {
+  int64_t b = p / a.block_size, r = p % a.block_size;
+  const int64_t head = int64_t(a.kv_head) * a.head_bytes;
+  for (int j = 0; j < n; ++j) {
+    off[j] = (int64_t(a.blocks[b]) * a.block_size + r) * a.slot_bytes + head;
+    if (++r == a.block_size) r = 0, ++b;
+  }
 }
 
 // Row j of the tile as floats: F32 in place; otherwise converted into `tmp`.
@@ -347,27 +416,41 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
   // Pass 1 keeps the scores of the chunk's tiles here, pass 2 reads them (when there is room).
   float* cache_c = a.scores ? a.scores + (c - a.c_begin) * scores_floats(L.rows, L.w) : nullptr;
   const bool need_k = !(Values && cache_c);
+  // Pass 2 of a single-query tile with whole vectors of dimensions: dimensions in lanes (pv_single)
+  // into accT, moved into the chunk state at the end.
+  const bool single = Values && a.n_q == 1 && D % V::W == 0;
+  if (single) std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
   for (int64_t t = lo / kKeyTile; lo <= hi && t <= hi / kKeyTile; ++t) {
     const int64_t tlo = t * kKeyTile;
     float* cache = cache_c ? cache_c + (t - c * (kChunk / kKeyTile)) * int64_t(L.nv) * kKeyTile * L.w : nullptr;
-    // The next tile's rows are fetched while this one is computed (blocks are scattered in the
-    // pool, beyond what the hardware prefetcher follows).
-    for (int64_t p = tlo + kKeyTile; p < tlo + 2 * kKeyTile && p <= hi; ++p) {
-      const int64_t off = row_offset(a, p);
-      for (int64_t b = 0; b < row_bytes; b += 64) {
-        if (need_k) V::prefetch(a.k + off + b);
-        if (Values) V::prefetch(a.v + off + b);
+    // Rows kPrefetchTiles tiles ahead are fetched while this one is computed (blocks are scattered
+    // in the pool, beyond what the hardware prefetcher follows); the first tiles of the call at once.
+    {
+      const int64_t from = t == lo / kKeyTile ? tlo : tlo + kPrefetchTiles * kKeyTile;
+      const int64_t to = tlo + (kPrefetchTiles + 1) * kKeyTile - 1 < uhi ? tlo + (kPrefetchTiles + 1) * kKeyTile - 1 : uhi;
+      for (int64_t p = from; p <= to; p += kKeyTile) {
+        const int n = to - p + 1 < kKeyTile ? int(to - p + 1) : kKeyTile;
+        int64_t off[kKeyTile];
+        row_offsets(a, p, n, off);
+        for (int j = 0; j < n; ++j)
+          for (int64_t b = 0; b < row_bytes; b += 64) {
+            if (need_k) V::prefetch(a.k + off[j] + b);
+            if (Values) V::prefetch(a.v + off[j] + b);
+          }
       }
     }
-    for (int j = 0; j < kKeyTile; ++j) {
-      const int64_t p = tlo + j;
-      if (p < lo || p > hi) {
-        kp[j] = vp[j] = sc + L.zrow;
-        continue;
+    {
+      int64_t off[kKeyTile];
+      row_offsets(a, tlo, hi - tlo + 1 < kKeyTile ? int(hi - tlo + 1) : kKeyTile, off);  // not beyond the table
+      for (int j = 0; j < kKeyTile; ++j) {
+        const int64_t p = tlo + j;
+        if (p < lo || p > hi) {
+          kp[j] = vp[j] = sc + L.zrow;
+          continue;
+        }
+        if (need_k) kp[j] = tile_row<V>(a, a.k + off[j], sc + L.kt + int64_t(j) * D, D);
+        if (Values) vp[j] = tile_row<V>(a, a.v + off[j], sc + L.vt + int64_t(j) * D, D);
       }
-      const int64_t off = row_offset(a, p);
-      if (need_k) kp[j] = tile_row<V>(a, a.k + off, sc + L.kt + int64_t(j) * D, D);
-      if (Values) vp[j] = tile_row<V>(a, a.v + off, sc + L.vt + int64_t(j) * D, D);
     }
     const int64_t thi = tlo + kKeyTile - 1;
     for (int v = 0; v < L.nv; v += V::kRowVectors) {
@@ -377,7 +460,10 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         full = full && sc[L.rvfirst + v + i] <= float(tlo) && float(thi) <= sc[L.rvlast + v + i];
       auto run = [&]<int RV>(int v0) {
         if constexpr (Values) {
-          if (full) tile_values<V, RV, false>(L, sc, a, v0, tlo, kp, vp, cache);
+          if (single) {
+            if (full) tile_values<V, RV, false, true>(L, sc, a, v0, tlo, kp, vp, cache);
+            else tile_values<V, RV, true, true>(L, sc, a, v0, tlo, kp, vp, cache);
+          } else if (full) tile_values<V, RV, false>(L, sc, a, v0, tlo, kp, vp, cache);
           else tile_values<V, RV, true>(L, sc, a, v0, tlo, kp, vp, cache);
         } else {
           if (full) tile_stats<V, RV, false>(L, sc, a, v0, tlo, kp, cache);
@@ -388,7 +474,16 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
       else
         for (int i = 0; i < n; ++i) run.template operator()<1>(v + i);
     }
+    if constexpr (Values)
+      if (single) pv_single<V>(L, sc, vp, int((lo > tlo ? lo : tlo) - tlo), int((hi < thi ? hi : thi) - tlo));
   }
+  if constexpr (Values)
+    if (single) {  // accT into the chunk state's layout (acc of vector v, dimension d, lane)
+      float* acc = acc_of(sc + L.st, L);
+      const float* acct = sc + L.acct;
+      for (int r = 0; r < L.rows; ++r)
+        for (int d = 0; d < D; ++d) acc[(int64_t(r / L.w) * D + d) * L.w + r % L.w] = acct[int64_t(r) * D + d];
+    }
 }
 
 // Writes the running sum (the outputs) to the tile's output rows.

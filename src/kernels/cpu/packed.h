@@ -31,6 +31,8 @@
 #include <vector>
 #include <xmmintrin.h>  // _mm_prefetch: SSE, every x86-64
 
+#include "base/huge_pages.h"
+
 #include "io/ggml_types.h"
 
 namespace serval {
@@ -45,17 +47,10 @@ constexpr int kPackBlock = 32;
 // tokens and level at 28-32 on the Qwen 0.5B and 1.5B (docs/kernels.md).
 constexpr int64_t kAmxMinTokens = 28;
 
-struct WeightsDeleter {
-  size_t mapped = 0;  // the length of a mapping from alloc_weights; 0: from std::aligned_alloc
-  void operator()(void* p) const;
-};
-
-// A 64-byte aligned buffer for weights that every forward pass streams through. From 2 MiB on it is
-// an anonymous mapping that starts on a 2 MiB boundary, advised into transparent huge pages: one TLB
-// entry per 2 MiB rather than per 4 KiB of weights (0.5B decode 7-15 % faster, docs/kernels.md).
-// Where the kernel gives no huge pages (THP "never") the advice does nothing. Null when out of memory.
-std::unique_ptr<uint8_t[], WeightsDeleter> alloc_weights(size_t bytes);
-constexpr size_t kHugePage = size_t(2) << 20;
+// Weights every forward pass streams through live on huge pages (base/huge_pages.h).
+using WeightsDeleter = HugeDeleter;
+inline HugeBuffer alloc_weights(size_t bytes) { return alloc_huge(bytes); }
+using serval::kHugePage;
 
 // The order of a block's 64 bytes of fifth bits (5-bit types). Both hold, for each step k4 and each
 // byte j of vector k4, the fifth bit of that value:
