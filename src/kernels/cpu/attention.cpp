@@ -33,6 +33,7 @@ struct VScalar {
   static constexpr int W = kLanesScalar;
   static constexpr int kRowVectors = 1;
   static constexpr int kPvRows = 1, kPvDims = 1;  // pv_single: rows x vectors of dimensions per call
+  static constexpr int kQkRows = 1;                // qk_single: rows per call
   struct T {
     float v[W];
   };
@@ -100,6 +101,21 @@ struct VScalar {
       std::memcpy(&r.v[i], &bits, 4);
     }
     return r;
+  }
+  // Lane j of the result holds lane j + k of x (j < k); the others are left as they were.
+  static T fold(T x, int k) {
+    T r = x;
+    for (int i = 0; i + k < W; ++i) r.v[i] = x.v[i + k];
+    return r;
+  }
+  static float lane0(T x) { return x.v[0]; }
+  static void transpose_keys(const float* const* rows, int D, float* out) {
+    for (int d = 0; d < D; ++d)
+      for (int j = 0; j < 16; ++j) out[int64_t(d) * 16 + j] = rows[j][d];
+  }
+  static void transpose_keys(const uint16_t* const* rows, int D, float* out) {
+    for (int d = 0; d < D; ++d)
+      for (int j = 0; j < 16; ++j) out[int64_t(d) * 16 + j] = fp16_to_f32(rows[j][d]);
   }
   static T f16_round(T x) {
     T r;

@@ -20,6 +20,7 @@ struct V256 {
   static constexpr int W = kLanesAvx2;
   static constexpr int kRowVectors = 1;  // 16 registers: one row vector x 8 accumulators
   static constexpr int kPvRows = 2, kPvDims = 4;  // pv_single: 8 accumulators, 4 values, a weight
+  static constexpr int kQkRows = 4;                // qk_single: 4 rows x 2 vectors of keys
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
@@ -39,6 +40,52 @@ struct V256 {
   static T pow2i(T n) {
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+  }
+  // Lane j of the result holds lane j + k of x (j < k; k = 4, 2, 1); the others are unspecified.
+  static T fold(T x, int k) {
+    switch (k) {
+      case 4: return _mm256_permute2f128_ps(x, x, 0x11);
+      case 2: return _mm256_permute_ps(x, _MM_SHUFFLE(3, 2, 3, 2));
+      default: return _mm256_permute_ps(x, _MM_SHUFFLE(1, 1, 1, 1));
+    }
+  }
+  static float lane0(T x) { return _mm256_cvtss_f32(x); }
+  // out[d * 16 + j] = rows[j][d] for the 16 rows of a key tile and d < D (D a multiple of 8): 8 x 8
+  // blocks transposed in registers.
+  // load(j, d0): dimensions d0 .. d0 + 7 of row j.
+  template <class Load>
+  static void transpose_keys(Load load, int D, float* out) {
+    for (int j0 = 0; j0 < 16; j0 += 8)
+      for (int d0 = 0; d0 < D; d0 += 8) {
+        __m256 r[8], t[8];
+        for (int j = 0; j < 8; ++j) r[j] = load(j0 + j, d0);
+        for (int i = 0; i < 4; ++i) {
+          t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+          t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // s[g][c]: 128-bit half k holds dimension 4k + c of rows 4g .. 4g + 3.
+        __m256 s[2][4];
+        for (int g = 0; g < 2; ++g) {
+          const __m256d a = _mm256_castps_pd(t[4 * g]), b = _mm256_castps_pd(t[4 * g + 1]);
+          const __m256d c = _mm256_castps_pd(t[4 * g + 2]), e = _mm256_castps_pd(t[4 * g + 3]);
+          s[g][0] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, c));
+          s[g][1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, c));
+          s[g][2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, e));
+          s[g][3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, e));
+        }
+        for (int c = 0; c < 4; ++c) {
+          _mm256_storeu_ps(out + int64_t(d0 + c) * 16 + j0, _mm256_permute2f128_ps(s[0][c], s[1][c], 0x20));
+          _mm256_storeu_ps(out + int64_t(d0 + 4 + c) * 16 + j0, _mm256_permute2f128_ps(s[0][c], s[1][c], 0x31));
+        }
+      }
+  }
+  static void transpose_keys(const float* const* rows, int D, float* out) {
+    transpose_keys([&](int j, int d0) { return _mm256_loadu_ps(rows[j] + d0); }, D, out);
+  }
+  static void transpose_keys(const uint16_t* const* rows, int D, float* out) {  // F16 rows, converted
+    transpose_keys(
+        [&](int j, int d0) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + d0))); },
+        D, out);
   }
   static T f16_round(T x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T2); }  // into L2

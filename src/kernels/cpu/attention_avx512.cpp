@@ -23,6 +23,7 @@ struct V512 {
   static constexpr int W = kLanesAvx512;
   static constexpr int kRowVectors = 2;  // row vectors per micro-kernel call (2 x 8 accumulators)
   static constexpr int kPvRows = 4, kPvDims = 4;  // pv_single: 16 accumulators, 4 values, a weight
+  static constexpr int kQkRows = 8;                // qk_single: 8 rows x 1 vector of keys
   static T zero() { return _mm512_setzero_ps(); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }
@@ -42,6 +43,59 @@ struct V512 {
   static T pow2i(T n) {
     const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  // Lane j of the result holds lane j + k of x (j < k; k = 8, 4, 2, 1); the others are unspecified.
+  static T fold(T x, int k) {
+    switch (k) {
+      case 8: return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(3, 2, 3, 2));
+      case 4: return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 1, 1, 1));
+      case 2: return _mm512_permute_ps(x, _MM_SHUFFLE(3, 2, 3, 2));
+      default: return _mm512_permute_ps(x, _MM_SHUFFLE(1, 1, 1, 1));
+    }
+  }
+  static float lane0(T x) { return _mm512_cvtss_f32(x); }
+  // out[d * 16 + j] = rows[j][d] for the 16 rows of a key tile and d < D (D a multiple of 16): 16 x 16
+  // blocks transposed in registers (pairs of floats, then pairs of pairs, then 128-bit blocks).
+  // load(j, d0): dimensions d0 .. d0 + 15 of row j.
+  template <class Load>
+  static void transpose_keys(Load load, int D, float* out) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16], t[16];
+      for (int j = 0; j < 16; ++j) r[j] = load(j, d0);
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+      // s[g][c]: 128-bit block k holds dimension 4k + c of rows 4g .. 4g + 3.
+      __m512 s[4][4];
+      for (int g = 0; g < 4; ++g) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 2]), e = _mm512_castps_pd(t[4 * g + 3]);
+        s[g][0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        s[g][1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        s[g][2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        s[g][3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m512 lo01 = _mm512_shuffle_f32x4(s[0][c], s[1][c], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 hi01 = _mm512_shuffle_f32x4(s[0][c], s[1][c], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 lo23 = _mm512_shuffle_f32x4(s[2][c], s[3][c], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 hi23 = _mm512_shuffle_f32x4(s[2][c], s[3][c], _MM_SHUFFLE(3, 2, 3, 2));
+        float* o = out + int64_t(d0 + c) * 16;
+        _mm512_storeu_ps(o + 0 * 64, _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_storeu_ps(o + 1 * 64, _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1)));
+        _mm512_storeu_ps(o + 2 * 64, _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_storeu_ps(o + 3 * 64, _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1)));
+      }
+    }
+  }
+  static void transpose_keys(const float* const* rows, int D, float* out) {
+    transpose_keys([&](int j, int d0) { return _mm512_loadu_ps(rows[j] + d0); }, D, out);
+  }
+  static void transpose_keys(const uint16_t* const* rows, int D, float* out) {  // F16 rows, converted
+    transpose_keys(
+        [&](int j, int d0) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + d0))); },
+        D, out);
   }
   static T f16_round(T x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T2); }  // into L2

@@ -84,10 +84,11 @@ static inline int64_t scores_floats(int rows, int w) { return kChunk * ((rows + 
 static inline int64_t scratch_floats(int rows, int d_head, int w) {
   const int64_t nv = (rows + w - 1) / w;
   // Qt; first, last and 1/L per lane; per-vector first/last; the S/P tile; two states (chunk and
-  // running); K and V tile rows; a zero row; a single query's sums, rows x dimensions; alignment
-  // padding between the parts.
-  return 2 * nv * w * int64_t(d_head) + 3 * nv * w + 2 * nv + int64_t(nv) * kKeyTile * w +
-         2 * state_floats(rows, d_head, w) + 2 * int64_t(kKeyTile) * d_head + d_head + 16 * 13;
+  // running); K and V tile rows; a zero row; for a single query: its sums (rows x dimensions), the
+  // keys transposed, its scores (rows x keys) and three floats per row; alignment padding between
+  // the parts.
+  return 2 * nv * w * int64_t(d_head) + 6 * nv * w + 2 * nv + 2 * int64_t(nv) * kKeyTile * w +
+         2 * state_floats(rows, d_head, w) + 3 * int64_t(kKeyTile) * d_head + d_head + 16 * 16;
 }
 
 // Room for scores kept between the two passes (floats per task, and in all for a call split by

@@ -39,10 +39,8 @@ constexpr float kInf = __builtin_inff();
 #ifndef SERVAL_PF_TILES
 #define SERVAL_PF_TILES 2
 #endif
-#ifndef SERVAL_PF_ON
-#define SERVAL_PF_ON 1
-#define SERVAL_PF_STEP 1
-#define SERVAL_PF_LINES 1
+#ifndef SERVAL_PF_LINES
+#define SERVAL_PF_LINES 64
 #endif
 constexpr int kPrefetchTiles = SERVAL_PF_TILES;  // how far ahead a tile's rows are fetched
 
@@ -86,7 +84,7 @@ inline typename V::T vsoftcap(typename V::T x, float cap) {
 struct Layout {
   int rows = 0, nv = 0, w = 0, d = 0;
   int64_t qt = 0, firstv = 0, lastv = 0, inv = 0, rvfirst = 0, rvlast = 0, sp = 0, st = 0, run = 0, kt = 0, vt = 0,
-          zrow = 0, acct = 0;
+          zrow = 0, acct = 0, ktt = 0, sk = 0, red = 0;
   int64_t state = 0;  // floats of one state
 };
 
@@ -111,6 +109,9 @@ inline Layout layout(int rows, int d, int w) {
   L.vt = o, o += up16(int64_t(kKeyTile) * d);
   L.zrow = o, o += up16(d);
   L.acct = o, o += up16(nvw * d);
+  L.ktt = o, o += up16(int64_t(kKeyTile) * d);
+  L.sk = o, o += up16(nvw * kKeyTile);
+  L.red = o, o += up16(3 * nvw);
   return L;
 }
 
@@ -170,6 +171,30 @@ void acc_add(float* r, const float* cs, const float* sc, const Layout& L, int64_
       V::store(racc + d * V::W, V::select(has, V::add(o, V::load(cacc + d * V::W)), o));
     }
   }
+}
+
+// A tile's max and sum over its keys, in one fixed order: key j with key j + 8, then j + 4, j + 2,
+// j + 1 (the lower key the left operand). tree: over the keys of rows in lanes (x[j]: key j);
+// lane_tree: over keys in lanes (xs: kKeyTile / W vectors of keys), the same pairs in the same order,
+// so the two layouts give the same bits.
+static_assert(kKeyTile == 16, "the trees below pair keys j and j + 8, 4, 2, 1");
+template <class V, class Op>
+inline typename V::T tree(const typename V::T* x, Op op) {
+  typename V::T a[kKeyTile / 2];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) a[j] = op(x[j], x[j + 8]);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) a[j] = op(a[j], a[j + 4]);
+  a[0] = op(a[0], a[2]), a[1] = op(a[1], a[3]);
+  return op(a[0], a[1]);
+}
+
+template <class V, class Op>
+inline float lane_tree(const typename V::T* xs, Op op) {
+  static_assert(kKeyTile / V::W == 1 || kKeyTile / V::W == 2);
+  typename V::T a = kKeyTile / V::W == 2 ? op(xs[0], xs[1]) : xs[0];  // W = 8: keys j and j + 8
+  for (int k = V::W / 2; k >= 1; k /= 2) a = op(a, V::fold(a, k));
+  return V::lane0(a);
 }
 
 // S[r][j] = sum_d Qt[r][d] * k_j[d] for RV row vectors and the kKeyTile keys.
@@ -277,14 +302,13 @@ void tile_stats(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t t
     if (cache)
 #pragma GCC unroll 16
       for (int j = 0; j < kKeyTile; ++j) V::store(cache + (int64_t(v) * kKeyTile + j) * W, x[j]);
-    T mt = x[0];
-#pragma GCC unroll 16
-    for (int j = 1; j < kKeyTile; ++j) mt = V::max(mt, x[j]);
+    const T mt = tree<V>(x, [](T p, T q) { return V::max(p, q); });
     const T m = V::load(st + v * W);
     const T mn = V::max(m, mt);
-    T psum = vexp<V>(V::sub(x[0], mn));
+    T e[kKeyTile];
 #pragma GCC unroll 16
-    for (int j = 1; j < kKeyTile; ++j) psum = V::add(psum, vexp<V>(V::sub(x[j], mn)));
+    for (int j = 0; j < kKeyTile; ++j) e[j] = vexp<V>(V::sub(x[j], mn));
+    const T psum = tree<V>(e, [](T p, T q) { return V::add(p, q); });
     V::store(st + v * W, mn);
     V::store(st + (L.nv + v) * W, V::fma(V::load(st + (L.nv + v) * W), vexp<V>(V::sub(m, mn)), psum));
   }
@@ -293,7 +317,7 @@ void tile_stats(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t t
 // Pass 2 on one key tile for RV row vectors from vector v0: the weights exp(s - M) / L (rounded to
 // F16 with an F16 cache) times V, added to the chunk's sum. The scores are those pass 1 kept in
 // `cache`, or are computed again (the same operations, so the same values).
-template <class V, int RV, bool Masked, bool WeightsOnly = false>
+template <class V, int RV, bool Masked>
 void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t tlo, const float* const* kp,
                  const float* const* vp, const float* cache) {
   using T = typename V::T;
@@ -319,7 +343,6 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
       V::store(s + (r * kKeyTile + j) * W, a.half ? V::f16_round(wj) : wj);
     }
   }
-  if constexpr (WeightsOnly) return;
   float* acc = acc_of(sc + L.st, L) + int64_t(v0) * D * W;
   constexpr int DB = 8;
   int d0 = 0;
@@ -333,7 +356,7 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
 // multiply-adds in the same order as in pv_block (keys a row does not see are skipped, as the masked
 // FMAs leave them), so the sums are the same bits; with G rows of D dimensions it takes G x D / W
 // FMAs per key where the rows in lanes take D (0.5B: 7 x 64 / 16 = 28 against 64).
-// w(r, j) is where tile_values left the weight: s[((r / W) * kKeyTile + j) * W + r % W].
+// w(r, j) is where weights_single left the weight: s[r * kKeyTile + j].
 template <class V, int RB, int DV>
 inline void pv_rows(float* acct, const float* s, const float* const* vp, int D, int r0, int dv0, int j0, int j1) {
   using T = typename V::T;
@@ -350,7 +373,7 @@ inline void pv_rows(float* acct, const float* s, const float* const* vp, int D, 
 #pragma GCC unroll 4
     for (int i = 0; i < RB; ++i) {
       const int r = r0 + i;
-      const T w = V::set1(s[((r / W) * kKeyTile + j) * W + r % W]);
+      const T w = V::set1(s[r * kKeyTile + j]);
 #pragma GCC unroll 4
       for (int k = 0; k < DV; ++k) acc[i][k] = V::fma(w, vv[k], acc[i][k]);
     }
@@ -377,7 +400,142 @@ void pv_single(const Layout& L, float* sc, const float* const* vp, int j0, int j
   constexpr int RBMax = V::kPvRows;
   int r = 0;
   for (; r + RBMax <= L.rows; r += RBMax) pv_rows_dims<V, RBMax>(acct, s, vp, L.d, r, j0, j1);
-  for (; r < L.rows; ++r) pv_rows_dims<V, 1>(acct, s, vp, L.d, r, j0, j1);
+  switch (L.rows - r) {  // the rest in one call: each value vector loaded once for all of them
+    case 0: break;
+    case 1: pv_rows_dims<V, 1>(acct, s, vp, L.d, r, j0, j1); break;
+    case 2: if constexpr (RBMax > 2) pv_rows_dims<V, 2>(acct, s, vp, L.d, r, j0, j1); break;
+    case 3: if constexpr (RBMax > 3) pv_rows_dims<V, 3>(acct, s, vp, L.d, r, j0, j1); break;
+  }
+  static_assert(RBMax <= 4);
+}
+
+// Keys in lanes for a single-query tile (pass 1, and pass 2's weights): its keys' rows transposed
+// (V::transpose_keys) so that a vector holds one dimension of W keys; the scores of row r are then
+// S[r] = (sum_d q_rd * Kt[d], fused in order d = 0, 1, ...) * scale, the same operations per (row, key)
+// as qk and scores do with rows in lanes, in G x D / W FMAs per tile-vector of keys instead of D. The
+// softmax's exponentials then run on G rows x 16 keys, not 16 keys x one vector of rows, and the tile's
+// max and sum are lane_trees (the same pairs as tree). Keys outside [j0, j1] get -inf.
+template <class V, int RB>
+inline void scores_rows(const Layout& L, const float* sc, const TileArgs& a, const float* kt, int r0, int j0, int j1,
+                        float* S) {
+  using T = typename V::T;
+  const int W = V::W, D = L.d;
+  constexpr int KW = kKeyTile / V::W;
+  T acc[RB][KW];
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 2
+    for (int k = 0; k < KW; ++k) acc[i][k] = V::zero();
+  const float* qt = sc + L.qt;
+  for (int d = 0; d < D; ++d) {
+    T kv[KW];
+#pragma GCC unroll 2
+    for (int k = 0; k < KW; ++k) kv[k] = V::load(kt + d * kKeyTile + k * W);
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; ++i) {
+      const int r = r0 + i;
+      const T q = V::set1(qt[(int64_t(r / W) * D + d) * W + r % W]);
+#pragma GCC unroll 2
+      for (int k = 0; k < KW; ++k) acc[i][k] = V::fma(q, kv[k], acc[i][k]);
+    }
+  }
+  alignas(64) static constexpr float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const T sv = V::set1(a.scale), lo = V::set1(float(j0)), hi = V::set1(float(j1));
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 2
+    for (int k = 0; k < KW; ++k) {
+      T x = V::mul(acc[i][k], sv);
+      if (a.softcap > 0.0f) x = vsoftcap<V>(x, a.softcap);
+      const T j = V::load(kIota + k * W);
+      x = V::select(V::mand(V::le(lo, j), V::le(j, hi)), x, V::set1(-kInf));
+      V::store(S + (r0 + i) * kKeyTile + k * W, x);
+    }
+}
+
+// A tile's K rows: as floats, or (an F16 cache, single-query tiles) the cache's rows, converted as
+// they are transposed.
+struct KeyRows {
+  const float* const* f;
+  const uint16_t* const* h;  // non-null: F16 rows
+};
+
+// S[r][j] for the tile's rows (S: rows x kKeyTile floats).
+template <class V>
+void scores_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, int j0, int j1, float* S) {
+  float* kt = sc + L.ktt;
+  if (kp.h) V::transpose_keys(kp.h, L.d, kt);
+  else V::transpose_keys(kp.f, L.d, kt);
+  constexpr int RB = V::kQkRows;
+  int r = 0;
+  for (; r + RB <= L.rows; r += RB) scores_rows<V, RB>(L, sc, a, kt, r, j0, j1, S);
+  switch (L.rows - r) {  // the rest at once: each row an accumulator chain of its own
+    case 0: break;
+#define SERVAL_ROWS_CASE(n) \
+  case n: if constexpr (n < RB) scores_rows<V, n>(L, sc, a, kt, r, j0, j1, S); break;
+    SERVAL_ROWS_CASE(1) SERVAL_ROWS_CASE(2) SERVAL_ROWS_CASE(3) SERVAL_ROWS_CASE(4)
+    SERVAL_ROWS_CASE(5) SERVAL_ROWS_CASE(6) SERVAL_ROWS_CASE(7)
+#undef SERVAL_ROWS_CASE
+  }
+}
+
+// Pass 1 on one key tile of a single-query tile: the chunk's running max and sum (as tile_stats).
+template <class V>
+void stats_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, int j0, int j1, float* cache) {
+  using T = typename V::T;
+  const int W = V::W, G = L.rows;
+  constexpr int KW = kKeyTile / V::W;
+  float* S = cache ? cache : sc + L.sk;
+  scores_single<V>(L, sc, a, kp, j0, j1, S);
+  float* mt = sc + L.red;  // per row (padding rows: nothing): the tile's max, the new running max, the sum
+  float* mn = mt + int64_t(L.nv) * W;
+  float* ps = mn + int64_t(L.nv) * W;
+  auto vmax = [](T p, T q) { return V::max(p, q); };
+  auto vadd = [](T p, T q) { return V::add(p, q); };
+  for (int r = 0; r < L.nv * W; ++r) {
+    T x[KW];
+    for (int k = 0; k < KW; ++k) x[k] = r < G ? V::load(S + r * kKeyTile + k * W) : V::set1(kNegBig);
+    mt[r] = lane_tree<V>(x, vmax);
+  }
+  float* st = sc + L.st;
+  for (int v = 0; v < L.nv; ++v) V::store(mn + v * W, V::max(V::load(st + v * W), V::load(mt + v * W)));
+  for (int r = 0; r < L.nv * W; ++r) {
+    T e[KW];
+    const T m = V::set1(mn[r]);
+    for (int k = 0; k < KW; ++k) e[k] = r < G ? vexp<V>(V::sub(V::load(S + r * kKeyTile + k * W), m)) : V::zero();
+    ps[r] = lane_tree<V>(e, vadd);
+  }
+  for (int v = 0; v < L.nv; ++v) {
+    const T m = V::load(st + v * W), n = V::load(mn + v * W);
+    V::store(st + v * W, n);
+    V::store(st + (L.nv + v) * W, V::fma(V::load(st + (L.nv + v) * W), vexp<V>(V::sub(m, n)), V::load(ps + v * W)));
+  }
+}
+
+// Pass 2's weights of one key tile of a single-query tile: w[r][j] = exp(S[r][j] - M_r) * (1 / L_r),
+// rounded to F16 with an F16 cache (as tile_values), into s[r * kKeyTile + j]. The scores are those
+// pass 1 kept (`cache`) or are computed again.
+template <class V>
+void weights_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, int j0, int j1,
+                    const float* cache) {
+  using T = typename V::T;
+  const int W = V::W;
+  constexpr int KW = kKeyTile / V::W;
+  const float* S = cache;
+  if (!S) {
+    scores_single<V>(L, sc, a, kp, j0, j1, sc + L.sk);
+    S = sc + L.sk;
+  }
+  const float* run = sc + L.run;
+  const float* inv = sc + L.inv;
+  float* w = sc + L.sp;
+  for (int r = 0; r < L.rows; ++r) {
+    const T m = V::set1(run[r]), iv = V::set1(inv[r]);
+    for (int k = 0; k < KW; ++k) {
+      const T x = V::mul(vexp<V>(V::sub(V::load(S + r * kKeyTile + k * W), m)), iv);
+      V::store(w + r * kKeyTile + k * W, a.half ? V::f16_round(x) : x);
+    }
+  }
 }
 
 // Byte offsets of the K (or V) row parts of kv head `a.kv_head` at positions [p, p + n): one division
@@ -416,10 +574,14 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
   // Pass 1 keeps the scores of the chunk's tiles here, pass 2 reads them (when there is room).
   float* cache_c = a.scores ? a.scores + (c - a.c_begin) * scores_floats(L.rows, L.w) : nullptr;
   const bool need_k = !(Values && cache_c);
-  // Pass 2 of a single-query tile with whole vectors of dimensions: dimensions in lanes (pv_single)
-  // into accT, moved into the chunk state at the end.
-  const bool single = Values && a.n_q == 1 && D % V::W == 0;
-  if (single) std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
+  // A single-query tile with whole vectors of dimensions: keys in lanes for the scores and the
+  // softmax (stats_single, weights_single), dimensions in lanes for weights x V (pv_single, into
+  // accT, moved into the chunk state at the end).
+  const bool single = a.n_q == 1 && D % V::W == 0;
+  if (Values && single) std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
+  const bool raw_k = single && a.kind == KvKind::F16;  // K rows converted by the transposition
+  const uint16_t* kh[kKeyTile];
+  const KeyRows keys{kp, raw_k ? kh : nullptr};
   for (int64_t t = lo / kKeyTile; lo <= hi && t <= hi / kKeyTile; ++t) {
     const int64_t tlo = t * kKeyTile;
     float* cache = cache_c ? cache_c + (t - c * (kChunk / kKeyTile)) * int64_t(L.nv) * kKeyTile * L.w : nullptr;
@@ -433,7 +595,7 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         int64_t off[kKeyTile];
         row_offsets(a, p, n, off);
         for (int j = 0; j < n; ++j)
-          for (int64_t b = 0; b < row_bytes; b += 64) {
+          for (int64_t b = 0; b < row_bytes && b < 64 * SERVAL_PF_LINES; b += 64) {
             if (need_k) V::prefetch(a.k + off[j] + b);
             if (Values) V::prefetch(a.v + off[j] + b);
           }
@@ -446,13 +608,25 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         const int64_t p = tlo + j;
         if (p < lo || p > hi) {
           kp[j] = vp[j] = sc + L.zrow;
+          kh[j] = reinterpret_cast<const uint16_t*>(sc + L.zrow);  // zero bits: F16 zeros
           continue;
         }
-        if (need_k) kp[j] = tile_row<V>(a, a.k + off[j], sc + L.kt + int64_t(j) * D, D);
+        if (need_k && raw_k) kh[j] = reinterpret_cast<const uint16_t*>(a.k + off[j]);
+        else if (need_k) kp[j] = tile_row<V>(a, a.k + off[j], sc + L.kt + int64_t(j) * D, D);
         if (Values) vp[j] = tile_row<V>(a, a.v + off[j], sc + L.vt + int64_t(j) * D, D);
       }
     }
     const int64_t thi = tlo + kKeyTile - 1;
+    if (single) {
+      const int j0 = int((lo > tlo ? lo : tlo) - tlo), j1 = int((hi < thi ? hi : thi) - tlo);
+      if constexpr (Values) {
+        weights_single<V>(L, sc, a, keys, j0, j1, cache);
+        pv_single<V>(L, sc, vp, j0, j1);
+      } else {
+        stats_single<V>(L, sc, a, keys, j0, j1, cache);
+      }
+      continue;
+    }
     for (int v = 0; v < L.nv; v += V::kRowVectors) {
       const int n = L.nv - v < V::kRowVectors ? L.nv - v : V::kRowVectors;
       bool full = true;
@@ -460,10 +634,7 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         full = full && sc[L.rvfirst + v + i] <= float(tlo) && float(thi) <= sc[L.rvlast + v + i];
       auto run = [&]<int RV>(int v0) {
         if constexpr (Values) {
-          if (single) {
-            if (full) tile_values<V, RV, false, true>(L, sc, a, v0, tlo, kp, vp, cache);
-            else tile_values<V, RV, true, true>(L, sc, a, v0, tlo, kp, vp, cache);
-          } else if (full) tile_values<V, RV, false>(L, sc, a, v0, tlo, kp, vp, cache);
+          if (full) tile_values<V, RV, false>(L, sc, a, v0, tlo, kp, vp, cache);
           else tile_values<V, RV, true>(L, sc, a, v0, tlo, kp, vp, cache);
         } else {
           if (full) tile_stats<V, RV, false>(L, sc, a, v0, tlo, kp, cache);
@@ -474,8 +645,6 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
       else
         for (int i = 0; i < n; ++i) run.template operator()<1>(v + i);
     }
-    if constexpr (Values)
-      if (single) pv_single<V>(L, sc, vp, int((lo > tlo ? lo : tlo) - tlo), int((hi < thi ? hi : thi) - tlo));
   }
   if constexpr (Values)
     if (single) {  // accT into the chunk state's layout (acc of vector v, dimension d, lane)
