@@ -3,16 +3,20 @@
 //
 // Rows in lanes: the rows of a tile (query q, head h of the KV group: row q * group + h) are the
 // lanes of the vectors; keys and head dimensions are loops. Every vector operation is therefore
-// lane-wise (there is no horizontal reduction anywhere), and a row's result is the same sequence of
-// IEEE operations whatever the other lanes hold, whatever the lane width, and whichever level runs
-// it. That is what makes the op batch invariant and the levels agree bitwise.
+// lane-wise, and a row's result is the same sequence of IEEE operations whatever the other lanes
+// hold, whatever the lane width, and whichever level runs it. That is what makes the op batch
+// invariant and the levels agree bitwise. A tile of one query (a decode step) has few rows (the
+// group: 7 of 16 lanes for the Qwen 0.5B), so it puts keys in the lanes for the scores and the
+// softmax and head dimensions for weights x V (stats_single, weights_single, pv_single): the same
+// operations per (row, key) and per (row, dimension), in the same order, so the same bits.
 //
 // Per lane (row r, attending positions [first_r, last_r]), over fixed chunks of kChunk positions
 // and within them fixed tiles of kKeyTile positions (both aligned to absolute positions):
 //   s_j = (sum_d q_d * k_jd, fused multiply-adds in order d = 0, 1, ...) * scale
 //         (-inf where position j is outside [first_r, last_r])
 // Pass 1, per chunk from (m, l) = (-1e30, 0), per tile:
-//   m' = max(m, s_0, ..., s_15)      l' = l * exp(m - m') + (exp(s_0 - m') + ... + exp(s_15 - m'))
+//   m' = max(m, T(s))      l' = l * exp(m - m') + T(exp(s_j - m'))
+//   where T is the tile's pairwise tree over its 16 keys: key j with j + 8, then j + 4, j + 2, j + 1
 // and the chunks' (m, l) merged in position order into (M, L).
 // Pass 2 (the scores computed again), per chunk from acc = 0, per tile:
 //   w_j = exp(s_j - M) * (1 / L), rounded to F16 with an F16 cache (the reference's and llama.cpp's
@@ -174,15 +178,21 @@ void acc_add(float* r, const float* cs, const float* sc, const Layout& L, int64_
 // lane_tree: over keys in lanes (xs: kKeyTile / W vectors of keys), the same pairs in the same order,
 // so the two layouts give the same bits.
 static_assert(kKeyTile == 16, "the trees below pair keys j and j + 8, 4, 2, 1");
+// The tree's levels after the first: a[j] = op(x[j], x[j + 8]) for j < 8 given.
+template <class V, class Op>
+inline typename V::T tree_from_halves(typename V::T* a, Op op) {
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) a[j] = op(a[j], a[j + 4]);
+  a[0] = op(a[0], a[2]), a[1] = op(a[1], a[3]);
+  return op(a[0], a[1]);
+}
+
 template <class V, class Op>
 inline typename V::T tree(const typename V::T* x, Op op) {
   typename V::T a[kKeyTile / 2];
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) a[j] = op(x[j], x[j + 8]);
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) a[j] = op(a[j], a[j + 4]);
-  a[0] = op(a[0], a[2]), a[1] = op(a[1], a[3]);
-  return op(a[0], a[1]);
+  return tree_from_halves<V>(a, op);
 }
 
 template <class V, class Op>
@@ -301,10 +311,10 @@ void tile_stats(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t t
     const T mt = tree<V>(x, [](T p, T q) { return V::max(p, q); });
     const T m = V::load(st + v * W);
     const T mn = V::max(m, mt);
-    T e[kKeyTile];
-#pragma GCC unroll 16
-    for (int j = 0; j < kKeyTile; ++j) e[j] = vexp<V>(V::sub(x[j], mn));
-    const T psum = tree<V>(e, [](T p, T q) { return V::add(p, q); });
+    T e[kKeyTile / 2];  // tree's first level as the exps are made: 8 vectors live, not 16
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile / 2; ++j) e[j] = V::add(vexp<V>(V::sub(x[j], mn)), vexp<V>(V::sub(x[j + 8], mn)));
+    const T psum = tree_from_halves<V>(e, [](T p, T q) { return V::add(p, q); });
     V::store(st + v * W, mn);
     V::store(st + (L.nv + v) * W, V::fma(V::load(st + (L.nv + v) * W), vexp<V>(V::sub(m, mn)), psum));
   }
