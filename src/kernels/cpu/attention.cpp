@@ -320,19 +320,24 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
   }
 
   // Split: task k -> (unit, chunk); each unit's chunk states stored in chunk order.
-  std::vector<int64_t> unit_task(n_units + 1, 0), unit_float(n_units + 1, 0), unit_score(n_units + 1, 0);
+  std::vector<int64_t> unit_float(n_units + 1, 0), unit_score(n_units + 1, 0);
   for (int64_t u = 0; u < n_units; ++u) {
     const Tile& t = tiles[u / s.n_head_kv];
-    unit_task[u + 1] = unit_task[u] + n_chunks(t);
     unit_float[u + 1] = unit_float[u] + n_chunks(t) * state_of(t);
     unit_score[u + 1] = unit_score[u] + n_chunks(t) * scores_floats(t.n * group, kernel.lanes);
   }
   float* states = thread_buffer(kCallStates, unit_float[n_units]);
   const bool keep = unit_score[n_units] <= g_call_scores.load(std::memory_order_relaxed);
   float* kept = keep ? thread_buffer(kCallScores, unit_score[n_units]) : nullptr;
-  std::vector<int64_t> task_unit(n_tasks);
-  for (int64_t u = 0; u < n_units; ++u)
-    for (int64_t k = unit_task[u]; k < unit_task[u + 1]; ++k) task_unit[k] = u;
+  // Tasks in chunk order across a tile's KV heads (k -> unit, chunk): the pool hands out runs of
+  // consecutive tasks, so one thread tends to read all heads of a chunk's slot rows.
+  std::vector<int64_t> task_unit(n_tasks), task_chunk(n_tasks);
+  {
+    int64_t k = 0;
+    for (size_t ti = 0; ti < tiles.size(); ++ti)
+      for (int64_t c = c_first(tiles[ti]); c <= c_last(tiles[ti]); ++c)
+        for (int h = 0; h < s.n_head_kv; ++h, ++k) task_unit[k] = int64_t(ti) * s.n_head_kv + h, task_chunk[k] = c;
+  }
   auto unit_args = [&](int64_t u, Mode mode) {
     const Tile& t = tiles[u / s.n_head_kv];
     TileArgs a = args(t, int(u % s.n_head_kv));
@@ -344,7 +349,7 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
   for (Mode mode : {Mode::Stats, Mode::Values})
     parallel_for(n_tasks, [&](int64_t k) {
       TileArgs a = unit_args(task_unit[k], mode);
-      a.chunk = a.c_begin + (k - unit_task[task_unit[k]]);
+      a.chunk = task_chunk[k];
       kernel.fn(a);
     });
   parallel_for(n_units, [&](int64_t u) { kernel.fn(unit_args(u, Mode::Sum)); });
