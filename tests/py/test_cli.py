@@ -229,3 +229,18 @@ def test_bench_gemm_runs_the_kernel_benchmark_at_the_active_level():
     rows = [line for line in out.splitlines() if line.startswith("| q5_0")]
     assert len(rows) == 1 and "(scalar)" in out.splitlines()[0], out
     assert re.fullmatch(r"\| q5_0_ffn_up/tokens:4 \| [\d.]+ / [\d.]+ \|", rows[0]), rows[0]
+
+
+def test_bench_attention_runs_a_decode_step_at_the_level_asked_for():
+    """build/serval_bench_attention times one decode step's attention over every layer's cache; the
+    figure is never checked, only that the case ran at the level asked for and reported its bytes."""
+    cmd = [str(BUILD / "serval_bench_attention"), "--threads=1", "--huge", "--benchmark_min_time=0.001",
+           "--benchmark_filter=qwen_0.5b_decode/ctx:1024", "--benchmark_format=csv"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120,
+                         env={**os.environ, "SERVAL_ISA": "scalar"}).stdout
+    header = next(line for line in out.splitlines() if line.startswith("name,"))
+    rows = [line for line in out.splitlines() if line.startswith('"qwen_0.5b_decode/ctx:1024/queries:1"')]
+    assert len(rows) == 1, out
+    fields = dict(zip(header.split(","), rows[0].split(",")))
+    assert fields["label"] == '"scalar"', fields
+    assert float(fields['"GB/s"']) > 0, fields

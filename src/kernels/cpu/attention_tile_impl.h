@@ -460,7 +460,9 @@ inline void scores_rows(const Layout& L, const float* sc, const TileArgs& a, con
 }
 
 // A tile's K rows: as floats, or (an F16 cache, single-query tiles) the cache's rows, converted as
-// they are transposed.
+// they are transposed; keys outside the tile's range read a row of F16 zeros.
+constexpr int kMaxZeroHalves = 1024;
+alignas(64) inline const uint16_t kZeroHalves[kMaxZeroHalves] = {};
 struct KeyRows {
   const float* const* f;
   const uint16_t* const* h;  // non-null: F16 rows
@@ -585,7 +587,7 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
   // accT, moved into the chunk state at the end).
   const bool single = a.n_q == 1 && D % V::W == 0;
   if (Values && single) std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
-  const bool raw_k = single && a.kind == KvKind::F16;  // K rows converted by the transposition
+  const bool raw_k = single && a.kind == KvKind::F16 && D <= kMaxZeroHalves;  // K converted as transposed
   const uint16_t* kh[kKeyTile];
   const KeyRows keys{kp, raw_k ? kh : nullptr};
   for (int64_t t = lo / kKeyTile; lo <= hi && t <= hi / kKeyTile; ++t) {
@@ -614,7 +616,7 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         const int64_t p = tlo + j;
         if (p < lo || p > hi) {
           kp[j] = vp[j] = sc + L.zrow;
-          kh[j] = reinterpret_cast<const uint16_t*>(sc + L.zrow);  // zero bits: F16 zeros
+          kh[j] = kZeroHalves;
           continue;
         }
         if (need_k && raw_k) kh[j] = reinterpret_cast<const uint16_t*>(a.k + off[j]);
