@@ -245,7 +245,7 @@ std::vector<Case> sweep() {
   std::vector<Case> cases;
   for (int d_head : {40, 64, 72, 128})
     for (int group : {1, 2, 7})
-      for (int64_t n_ctx : {1, 15, 16, 17, 300, 1100})
+      for (int64_t n_ctx : {1, 15, 16, 17, 260, 300, 1100})  // 260: a prefill tile across chunk 1's start
         for (int32_t bs : {1, 16})
           for (DType type : kKvTypes)
             for (int64_t window : {int64_t(0), n_ctx > 200 ? int64_t(100) : int64_t(5)}) {
