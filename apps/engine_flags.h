@@ -23,8 +23,8 @@ struct SpecFlags {
 
   void add_to(CLI::App* cmd) {
     cmd->add_option("--spec", method,
-                    "speculative decoding: none (default), ngram (prompt lookup), draft, heads FILE, or ngram+draft / "
-                    "ngram+heads FILE (prompt lookup first)")
+                    "speculative decoding: none (default), ngram (prompt lookup), suffix (suffix tree over the prompt, output "
+                    "and earlier outputs), draft, heads FILE, or ngram+draft / ngram+heads FILE (prompt lookup first)")
         ->expected(1, 2);
     cmd->add_option("--spec-heads", heads_file, "decoding heads file (serval train-heads) for --spec heads (implies it)");
     cmd->add_option("--model-draft,--md", model_draft, "draft model for --spec draft (implies it): same vocabulary");
@@ -38,9 +38,16 @@ struct SpecFlags {
                     "no speculation while more requests than this run (default 4)");
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
     cmd->add_option("--spec-tree-width", config.tree_width,
-                    "heads: candidates per head in a token tree (default 1: one chain)");
+                    "heads: candidates per head in a token tree; suffix: children per node (default 1: one chain)");
     cmd->add_option("--spec-heads-p-min", config.heads_p_min,
                     "heads: a chain stops at a guess whose path probability is below this (default 0.3)");
+    cmd->add_option("--spec-suffix-depth", config.suffix_depth, "suffix: longest match looked for (default 24)");
+    cmd->add_option("--spec-suffix-factor", config.suffix_factor,
+                    "suffix: tokens proposed per matched token, at most (default 1.0)");
+    cmd->add_option("--spec-suffix-p-min", config.suffix_p_min,
+                    "suffix: a guess needs this share of the matches' votes (default 0.1)");
+    cmd->add_option("--spec-suffix-cache", config.suffix_cache,
+                    "suffix: finished requests whose outputs are kept to match against (default 1000)");
     cmd->add_option("--draft-backoff", config.draft_backoff_max,
                     "after an empty draft the draft model skips the request for 1, 2, 4 ... steps, at most this "
                     "many (default 8; 0: never)");

@@ -151,6 +151,7 @@ void Engine::fail_all(const std::string& message) {
 
 void Engine::finish(Request& r, FinishReason reason, const std::string& error, std::vector<float> embedding) {
   scheduler_->remove(&r);  // frees the KV blocks now
+  if (proposer_ && (reason == FinishReason::Stop || reason == FinishReason::Length)) proposer_->finished(r);
   if (proposer_) proposer_->forget(r);
   r.state = RequestState::Finished;
   r.finish_reason = reason;

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "engine/heads.h"
+#include "engine/suffix.h"
 #include "sampling/sampler.h"
 
 namespace serval {
@@ -14,7 +15,8 @@ SpecMethod parse_spec_method(const std::string& name) {
   if (name == "ngram") return SpecMethod::Ngram;
   if (name == "draft") return SpecMethod::Draft;
   if (name == "heads") return SpecMethod::Heads;
-  fail("unknown speculative method '{}' (none, ngram, draft or heads)", name);
+  if (name == "suffix") return SpecMethod::Suffix;
+  fail("unknown speculative method '{}' (none, ngram, draft, heads or suffix)", name);
 }
 
 const char* to_string(SpecMethod m) {
@@ -23,6 +25,7 @@ const char* to_string(SpecMethod m) {
     case SpecMethod::Ngram: return "ngram";
     case SpecMethod::Draft: return "draft";
     case SpecMethod::Heads: return "heads";
+    case SpecMethod::Suffix: return "suffix";
   }
   return "?";
 }
@@ -40,6 +43,11 @@ void SpeculativeConfig::validate() const {
         "prompt lookup first needs a draft model or heads behind it (ngram+draft or ngram+heads)");
   check(tree_width >= 1 && tree_width <= 64, "--spec-tree-width must be 1..64 (got {})", tree_width);
   check(heads_p_min >= 0 && heads_p_min <= 1, "--spec-heads-p-min must be 0..1 (got {})", heads_p_min);
+  check(suffix_depth >= 1 && suffix_depth <= 64, "--spec-suffix-depth must be 1..64 (got {})", suffix_depth);
+  check(suffix_factor > 0 && suffix_factor <= 64, "--spec-suffix-factor must be in (0, 64] (got {})", suffix_factor);
+  check(suffix_p_min >= 0 && suffix_p_min <= 1, "--spec-suffix-p-min must be 0..1 (got {})", suffix_p_min);
+  check(suffix_cache >= 0 && suffix_cache <= 1000000, "--spec-suffix-cache must be 0..1000000 (got {})",
+        suffix_cache);
   check(draft_backoff_max >= 0 && draft_backoff_max <= 1024, "--draft-backoff must be 0..1024 (got {})",
         draft_backoff_max);
 }
@@ -49,7 +57,7 @@ void SpeculativeConfig::set_method(const std::string& name) {
   ngram_first = name.starts_with(prefix);
   const std::string rest = ngram_first ? name.substr(prefix.size()) : name;
   check(!ngram_first || rest == "draft" || rest == "heads",
-        "unknown speculative method '{}' (none, ngram, draft, heads, ngram+draft or ngram+heads)", name);
+        "unknown speculative method '{}' (none, ngram, draft, heads, suffix, ngram+draft or ngram+heads)", name);
   method = parse_spec_method(rest);
 }
 
@@ -257,6 +265,7 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const M
   switch (config.method) {
     case SpecMethod::None: return nullptr;
     case SpecMethod::Ngram: return std::make_unique<NgramProposer>(config);
+    case SpecMethod::Suffix: return std::make_unique<SuffixProposer>(config);
     case SpecMethod::Draft:
       check_same_vocabulary(target, *config.draft_model);
       return std::make_unique<DraftModelProposer>(config, block_size);

@@ -25,9 +25,9 @@ namespace serval {
 
 struct DecodingHeads;
 
-enum class SpecMethod { None, Ngram, Draft, Heads };
+enum class SpecMethod { None, Ngram, Draft, Heads, Suffix };
 
-// "none", "ngram", "draft", "heads"; throws Error otherwise.
+// "none", "ngram", "draft", "heads", "suffix"; throws Error otherwise.
 SpecMethod parse_spec_method(const std::string& name);
 const char* to_string(SpecMethod m);
 
@@ -58,6 +58,13 @@ struct SpeculativeConfig {
   // probabilities of their guesses) is below this; the heads' confidence, not the adaptive length,
   // sets how long a chain is.
   float heads_p_min = 0.3f;
+  // Suffix speculation (engine/suffix.h; vLLM's suffix_decoding_* settings): the longest match looked
+  // for, tokens proposed per matched token, a node's least share of the occurrences' votes, and how many
+  // finished requests' outputs are kept to match against.
+  int32_t suffix_depth = 24;
+  float suffix_factor = 1.0f;
+  float suffix_p_min = 0.1f;
+  int32_t suffix_cache = 1000;
 
   // ngram_min, or by default 1 alone and 3 in front of a draft model or heads: a match of one or two
   // tokens is a poor guess next to theirs.
@@ -101,6 +108,8 @@ class Proposer {
   // After a step: `r`'s tokens now hold the accepted prefix of its draft and one more token, sampled
   // from the row whose final hidden state (n_embd floats) is `hidden` (when wants_hidden()).
   virtual void verified(const Request& /*r*/, const float* /*hidden*/) {}
+  // `r` finished with its whole output (stop or length), before forget(r).
+  virtual void finished(const Request& /*r*/) {}
   // `r` finished or was preempted: drop what is kept for it.
   virtual void forget(const Request& /*r*/) {}
   // Blocks of the proposer's own KV cache held for requests (0 for proposers without one).
@@ -132,6 +141,7 @@ class LookupFirstProposer : public Proposer {
   bool makes_trees() const override { return fallback_->makes_trees(); }
   bool sizes_own_drafts() const override { return fallback_->sizes_own_drafts(); }
   void verified(const Request& r, const float* hidden) override { fallback_->verified(r, hidden); }
+  void finished(const Request& r) override { fallback_->finished(r); }
   void forget(const Request& r) override { fallback_->forget(r); }
   int64_t blocks_in_use() const override { return fallback_->blocks_in_use(); }
 

@@ -114,12 +114,13 @@ class StoriesSpec : public ::testing::Test {
     cfg.spec.heads_p_min = 0;  // whole trees: no guess is dropped for being unsure
     return cfg;
   }
-  // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads"; "token-heads" is "heads" with
-  // token-input (Hydra-style) heads.
+  // By name: "ngram", "draft", "heads", "ngram+draft", "ngram+heads", "suffix" (trees); "token-heads" is
+  // "heads" with token-input (Hydra-style) heads, "suffix-chain" suffix speculation with chains.
   EngineConfig config(const std::string& name, int32_t num_blocks = 256) const {
     EngineConfig cfg = config(SpecMethod::None, num_blocks);
-    cfg.spec.set_method(name == "token-heads" ? "heads" : name);
+    cfg.spec.set_method(name == "token-heads" ? "heads" : name == "suffix-chain" ? "suffix" : name);
     if (name == "token-heads") cfg.spec.heads = token_heads_;
+    if (name == "suffix-chain") cfg.spec.tree_width = 1;  // "suffix" grows trees of width 3
     return cfg;
   }
 };
@@ -127,7 +128,8 @@ Model* StoriesSpec::model_ = nullptr;
 DecodingHeads* StoriesSpec::heads_ = nullptr;
 DecodingHeads* StoriesSpec::token_heads_ = nullptr;
 
-const std::vector<std::string> kMethods = {"ngram", "draft", "heads", "ngram+draft", "ngram+heads", "token-heads"};
+const std::vector<std::string> kMethods = {"ngram",       "draft",       "heads",  "ngram+draft",
+                                           "ngram+heads", "token-heads", "suffix", "suffix-chain"};
 const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
                                          "The little girl went to the park", "Lily and Tom were best friends."};
 
@@ -206,6 +208,25 @@ TEST_F(StoriesSpec, PreemptionLimitsAndPerRequestCaps) {
     }
     expect_pool_whole(e);
   }
+}
+
+// Suffix speculation keeps finished outputs: the same request again is proposed from the first one's
+// output, which the target repeats token for token at temperature 0.
+TEST_F(StoriesSpec, SuffixSpeculationProposesFromEarlierOutputs) {
+  Engine e(*model_, config("suffix-chain"));
+  const auto prompt = encode("Once upon a time there was a dog named Max");
+  const auto first = run_engine(e, {prompt}, {params(60, 1, 0.0f)});
+  const int64_t first_accepted = e.stats().spec.accepted_tokens;
+  const auto second = run_engine(e, {prompt}, {params(60, 1, 0.0f)});
+  ASSERT_EQ(second[0].tokens, first[0].tokens);
+  const int64_t accepted = e.stats().spec.accepted_tokens - first_accepted;
+  std::printf("accepted: first run %lld, second run %lld of %zu tokens\n", (long long)first_accepted,
+              (long long)accepted, first[0].tokens.size());
+  // With 6 guesses a step, at most 6 of every 7 tokens are accepted guesses (the 7th is the target's own):
+  // 60 tokens give at most 51, less the first two steps (no stored pair of tokens to match yet).
+  EXPECT_GE(accepted, 45) << "nearly every step's whole draft comes from the store";
+  EXPECT_GT(accepted, 2 * first_accepted);
+  expect_pool_whole(e);
 }
 
 TEST_F(StoriesSpec, ABigBatchDoesNotSpeculate) {
@@ -473,6 +494,8 @@ TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   EXPECT_NE(msg([&] { c.validate(); }).find("--model-draft"), std::string::npos);
   EXPECT_NE(msg([] { parse_spec_method("medusa"); }).find("'medusa'"), std::string::npos);
   EXPECT_EQ(parse_spec_method("ngram"), SpecMethod::Ngram);
+  EXPECT_EQ(parse_spec_method("suffix"), SpecMethod::Suffix);
+  EXPECT_EQ(std::string(to_string(SpecMethod::Suffix)), "suffix");
   SpeculativeConfig n;
   n.set_method("ngram+heads");
   EXPECT_TRUE(n.ngram_first);
@@ -490,6 +513,18 @@ TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   n.ngram_first = false, n.draft_backoff_max = -1;
   EXPECT_NE(msg([&] { n.validate(); }).find("--draft-backoff must be 0..1024 (got -1)"), std::string::npos);
   n.draft_backoff_max = 8;
+  SpeculativeConfig sx;
+  sx.set_method("suffix");
+  sx.validate();
+  sx.suffix_depth = 0;
+  EXPECT_NE(msg([&] { sx.validate(); }).find("--spec-suffix-depth must be 1..64 (got 0)"), std::string::npos);
+  sx.suffix_depth = 24, sx.suffix_factor = 0;
+  EXPECT_NE(msg([&] { sx.validate(); }).find("--spec-suffix-factor"), std::string::npos);
+  sx.suffix_factor = 1, sx.suffix_p_min = 1.5f;
+  EXPECT_NE(msg([&] { sx.validate(); }).find("--spec-suffix-p-min must be 0..1"), std::string::npos);
+  sx.suffix_p_min = 0.1f, sx.suffix_cache = -1;
+  EXPECT_NE(msg([&] { sx.validate(); }).find("--spec-suffix-cache"), std::string::npos);
+  EXPECT_NE(msg([&] { sx.set_method("ngram+suffix"); }).find("suffix"), std::string::npos);
   for (int width : {0, 65})
     EXPECT_NE(msg([&] { n.tree_width = width, n.validate(); }).find(fmt::format("--spec-tree-width must be 1..64 (got {})", width)),
               std::string::npos) << width;
