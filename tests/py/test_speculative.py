@@ -15,7 +15,8 @@ EDIT = [{"role": "user", "content": "Rename the variable `total` to `acc` and re
          "def sum_list(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"}]
 
 
-@pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--model-draft", STORIES],
+@pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--spec", "suffix"], ["--spec", "suffix", "--spec-tree-width", "3"],
+                                   ["--model-draft", STORIES],
                                    ["--spec", "ngram+draft", "--model-draft", STORIES, "--draft-backoff", "2"]])
 def test_generate_with_speculation_prints_the_plain_text(flags):
     args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 60, "--seed", 3]
@@ -41,6 +42,11 @@ def test_generate_with_speculation_prints_the_plain_text(flags):
     (["--spec", "ngram", "--spec-tree-width", "0"], "--spec-tree-width must be 1..64 (got 0)"),
     (["--spec", "ngram", "--spec-heads-p-min", "2"], "--spec-heads-p-min must be 0..1 (got 2)"),
     (["--spec", "heads", MODELS / "stories260K.gguf"], "not a decoding-heads file"),
+    (["--spec", "suffix", "--spec-suffix-depth", "65"], "--spec-suffix-depth must be 1..64 (got 65)"),
+    (["--spec", "suffix", "--spec-suffix-factor", "0"], "--spec-suffix-factor must be in (0, 64] (got 0)"),
+    (["--spec", "suffix", "--spec-suffix-p-min", "2"], "--spec-suffix-p-min must be 0..1 (got 2)"),
+    (["--spec", "suffix", "--spec-suffix-cache", "-1"], "--spec-suffix-cache must be 0..1000000 (got -1)"),
+    (["--spec", "ngram+suffix"], "unknown speculative method 'ngram+suffix'"),
 ])
 def test_bad_speculative_flags_are_clear_errors(flags, message):
     p = run("generate", "-m", STORIES, "-p", "Once", "-n", 4, *flags, check=False)
@@ -108,6 +114,30 @@ def test_bad_speculative_field_is_a_400_naming_it(server, value, message):
     assert status == 400, body
     assert message in body["error"]["message"]
     assert body["error"]["param"] == "speculative"
+
+
+def test_suffix_speculation_proposes_from_earlier_answers_over_http():
+    """An agent loop asks the same thing again: with --spec suffix the server proposes from the first
+    answer, so the second is verified in far fewer steps, and both answers are the plain one."""
+    s = Server(cached_model(MODEL), "--spec", "suffix", "--draft-max", 8, name=MODEL)
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        ask = dict(model=MODEL, messages=EDIT, max_tokens=60, temperature=0)
+        counts = []
+        answers = []
+        for _ in range(2):
+            before = settled_metric(s, "serval:spec_decode_num_accepted_tokens_total")
+            answers.append(client.chat.completions.create(**ask))
+            counts.append(settled_metric(s, "serval:spec_decode_num_accepted_tokens_total") - before)
+        off = client.chat.completions.create(**ask, extra_body={"speculative": False})
+        assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+        assert answers[1].choices[0].message.content == off.choices[0].message.content
+        n = answers[1].usage.completion_tokens
+        # At most 8 of every 9 tokens are accepted guesses; the first steps have no earlier answer to match.
+        assert counts[1] >= 0.7 * n, (counts, n)
+        assert counts[1] > counts[0], counts
+    finally:
+        assert s.stop() == 0
 
 
 def test_llama_server_flat_n_max_is_accepted(server):
