@@ -24,7 +24,8 @@ struct SpecFlags {
   void add_to(CLI::App* cmd) {
     cmd->add_option("--spec", method,
                     "speculative decoding: none (default), ngram (prompt lookup), suffix (suffix tree over the prompt, output "
-                    "and earlier outputs), draft, heads FILE, or ngram+draft / ngram+heads FILE (prompt lookup first)")
+                    "and earlier outputs), draft, heads FILE, or ngram+draft / ngram+heads FILE / suffix+draft / suffix+heads FILE "
+                    "(lookup first)")
         ->expected(1, 2);
     cmd->add_option("--spec-heads", heads_file, "decoding heads file (serval train-heads) for --spec heads (implies it)");
     cmd->add_option("--model-draft,--md", model_draft, "draft model for --spec draft (implies it): same vocabulary");
@@ -32,7 +33,7 @@ struct SpecFlags {
     cmd->add_option("--draft-min", config.draft_min, "shorter proposals are dropped (default 1)");
     cmd->add_option("--draft-p-min", config.draft_p_min,
                     "the draft model stops at a guess it gives less than this probability (default 0.8)");
-    cmd->add_option("--spec-ngram-min", config.ngram_min, "prompt lookup: shortest n-gram matched (default 1; 3 with ngram+draft or ngram+heads)");
+    cmd->add_option("--spec-ngram-min", config.ngram_min, "prompt lookup: shortest n-gram matched; also suffix speculation's shortest match in front of a draft model or heads (default 1; 3 with ngram+/suffix+draft or heads)");
     cmd->add_option("--spec-ngram-max", config.ngram_max, "prompt lookup: longest n-gram matched (default 4)");
     cmd->add_option("--spec-max-running", config.max_running,
                     "no speculation while more requests than this run (default 4)");

@@ -39,8 +39,11 @@ void SpeculativeConfig::validate() const {
   check(draft_p_min >= 0 && draft_p_min <= 1, "--draft-p-min must be 0..1 (got {})", draft_p_min);
   check(method != SpecMethod::Draft || draft_model, "speculative method 'draft' needs a draft model (--model-draft)");
   check(method != SpecMethod::Heads || heads, "speculative method 'heads' needs a heads file (--spec-heads FILE)");
-  check(!ngram_first || method == SpecMethod::Draft || method == SpecMethod::Heads,
-        "prompt lookup first needs a draft model or heads behind it (ngram+draft or ngram+heads)");
+  check(!lookup_first() || method == SpecMethod::Draft || method == SpecMethod::Heads,
+        "lookup first needs a draft model or heads behind it (ngram+draft, ngram+heads, suffix+draft or "
+        "suffix+heads)");
+  check(first == SpecMethod::None || first == SpecMethod::Ngram || first == SpecMethod::Suffix,
+        "only prompt lookup or suffix speculation can go first");
   check(tree_width >= 1 && tree_width <= 64, "--spec-tree-width must be 1..64 (got {})", tree_width);
   check(heads_p_min >= 0 && heads_p_min <= 1, "--spec-heads-p-min must be 0..1 (got {})", heads_p_min);
   check(suffix_depth >= 1 && suffix_depth <= 64, "--spec-suffix-depth must be 1..64 (got {})", suffix_depth);
@@ -53,16 +56,18 @@ void SpeculativeConfig::validate() const {
 }
 
 void SpeculativeConfig::set_method(const std::string& name) {
-  static const std::string prefix = "ngram+";
-  ngram_first = name.starts_with(prefix);
-  const std::string rest = ngram_first ? name.substr(prefix.size()) : name;
-  check(!ngram_first || rest == "draft" || rest == "heads",
-        "unknown speculative method '{}' (none, ngram, draft, heads, suffix, ngram+draft or ngram+heads)", name);
+  const auto plus = name.find('+');
+  first = plus == std::string::npos ? SpecMethod::None : parse_spec_method(name.substr(0, plus));
+  const std::string rest = plus == std::string::npos ? name : name.substr(plus + 1);
+  check(plus == std::string::npos ||
+            ((first == SpecMethod::Ngram || first == SpecMethod::Suffix) && (rest == "draft" || rest == "heads")),
+        "unknown speculative method '{}' (none, ngram, suffix, draft, heads, or ngram+ / suffix+ then draft or heads)",
+        name);
   method = parse_spec_method(rest);
 }
 
 std::string SpeculativeConfig::method_name() const {
-  return ngram_first ? std::string("ngram+") + to_string(method) : to_string(method);
+  return lookup_first() ? std::string(to_string(first)) + "+" + to_string(method) : to_string(method);
 }
 
 int32_t next_spec_len(int32_t current, size_t n_draft, size_t n_accepted, int32_t cap) {
@@ -104,8 +109,14 @@ void NgramProposer::propose(std::span<Request* const> reqs, std::span<const int3
     reqs[i]->cut_draft(0), reqs[i]->draft = lookup(reqs[i]->tokens, config_.lookup_min(), config_.ngram_max, limits[i]);
 }
 
+LookupFirstProposer::LookupFirstProposer(const SpeculativeConfig& config, std::unique_ptr<Proposer> fallback)
+    : fallback_(std::move(fallback)) {
+  if (config.first == SpecMethod::Suffix) lookup_ = std::make_unique<SuffixProposer>(config, config.lookup_min());
+  else lookup_ = std::make_unique<NgramProposer>(config);
+}
+
 void LookupFirstProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
-  lookup_.propose(reqs, limits);
+  lookup_->propose(reqs, limits);
   rest_.clear();
   rest_limits_.clear();
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -257,9 +268,9 @@ void HeadsProposer::verified(const Request& r, const float* hidden) {
 
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& config, const Model& target, int32_t block_size) {
   config.validate();
-  if (config.ngram_first) {
+  if (config.lookup_first()) {
     SpeculativeConfig fallback = config;
-    fallback.ngram_first = false;
+    fallback.first = SpecMethod::None;
     return std::make_unique<LookupFirstProposer>(config, make_proposer(fallback, target, block_size));
   }
   switch (config.method) {

@@ -33,9 +33,10 @@ const char* to_string(SpecMethod m);
 
 struct SpeculativeConfig {
   SpecMethod method = SpecMethod::None;
-  // Prompt lookup first; `method` (draft or heads) proposes only for the requests whose lookup found
-  // no earlier occurrence of at least `ngram_min` tokens. Named "ngram+draft" / "ngram+heads".
-  bool ngram_first = false;
+  // Prompt lookup (Ngram) or suffix speculation (Suffix) first; `method` (draft or heads) proposes
+  // only for the requests whose lookup found no earlier occurrence of at least `ngram_min` tokens.
+  // Named "ngram+draft", "suffix+heads" ...; None: no lookup in front.
+  SpecMethod first = SpecMethod::None;
   int32_t draft_max = 8;    // tokens proposed per step at most (llama.cpp's --draft-max)
   int32_t draft_min = 1;    // proposals shorter than this are dropped (llama.cpp's --draft-min)
   int32_t ngram_min = 0;    // prompt lookup: the shortest suffix of the tokens matched (0: lookup_min())
@@ -68,10 +69,11 @@ struct SpeculativeConfig {
 
   // ngram_min, or by default 1 alone and 3 in front of a draft model or heads: a match of one or two
   // tokens is a poor guess next to theirs.
-  int32_t lookup_min() const { return ngram_min > 0 ? ngram_min : ngram_first ? 3 : 1; }
+  int32_t lookup_min() const { return ngram_min > 0 ? ngram_min : lookup_first() ? 3 : 1; }
+  bool lookup_first() const { return first != SpecMethod::None; }
   void validate() const;  // throws Error for impossible values
-  // "none", "ngram", "draft", "heads", "ngram+draft" or "ngram+heads": sets method and ngram_first;
-  // throws Error otherwise.
+  // "none", "ngram", "suffix", "draft", "heads", or "ngram+" / "suffix+" followed by "draft" or "heads":
+  // sets method and first; throws Error otherwise.
   void set_method(const std::string& name);
   std::string method_name() const;  // the name set_method takes
 };
@@ -130,23 +132,23 @@ class NgramProposer : public Proposer {
   SpeculativeConfig config_;
 };
 
-// Prompt lookup first (free, and long when the output copies the prompt); `fallback` (a draft model
-// or heads) proposes for the requests lookup found nothing for.
+// Lookup first (prompt lookup or suffix speculation, as config.first says: free, and long when the
+// output copies the prompt or an earlier output) with matches of at least lookup_min() tokens;
+// `fallback` (a draft model or heads) proposes for the requests lookup found nothing for.
 class LookupFirstProposer : public Proposer {
  public:
-  LookupFirstProposer(const SpeculativeConfig& config, std::unique_ptr<Proposer> fallback)
-      : lookup_(config), fallback_(std::move(fallback)) {}
+  LookupFirstProposer(const SpeculativeConfig& config, std::unique_ptr<Proposer> fallback);
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   bool wants_hidden() const override { return fallback_->wants_hidden(); }
-  bool makes_trees() const override { return fallback_->makes_trees(); }
+  bool makes_trees() const override { return lookup_->makes_trees() || fallback_->makes_trees(); }
   bool sizes_own_drafts() const override { return fallback_->sizes_own_drafts(); }
   void verified(const Request& r, const float* hidden) override { fallback_->verified(r, hidden); }
-  void finished(const Request& r) override { fallback_->finished(r); }
+  void finished(const Request& r) override { lookup_->finished(r), fallback_->finished(r); }
   void forget(const Request& r) override { fallback_->forget(r); }
   int64_t blocks_in_use() const override { return fallback_->blocks_in_use(); }
 
  private:
-  NgramProposer lookup_;
+  std::unique_ptr<Proposer> lookup_;
   std::unique_ptr<Proposer> fallback_;
   std::vector<Request*> rest_;
   std::vector<int32_t> rest_limits_;

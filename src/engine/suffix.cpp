@@ -167,8 +167,10 @@ SuffixDraft SuffixStore::draft(std::span<const int32_t> text, const SuffixParams
   return draft_from(m, p, limit);
 }
 
-SuffixProposer::SuffixProposer(const SpeculativeConfig& c)
-    : params_{c.suffix_depth, c.suffix_factor, c.suffix_p_min, c.tree_width}, store_(c.suffix_cache) {}
+SuffixProposer::SuffixProposer(const SpeculativeConfig& c, int32_t min_match)
+    : params_{c.suffix_depth, c.suffix_factor, c.suffix_p_min, c.tree_width},
+      min_match_(min_match),
+      store_(c.suffix_cache) {}
 
 void SuffixProposer::propose(std::span<Request* const> reqs, std::span<const int32_t> limits) {
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -179,6 +181,7 @@ void SuffixProposer::propose(std::span<Request* const> reqs, std::span<const int
       if (g.score > d.score) d = std::move(g);
     }
     r.cut_draft(0);
+    if (d.match < min_match_) continue;
     r.draft = std::move(d.tokens);
     if (params_.width > 1) r.draft_parents = std::move(d.parents);
   }

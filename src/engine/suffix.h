@@ -66,7 +66,8 @@ class SuffixStore {
 // the outputs of requests that finish (stop or length) join the store.
 class SuffixProposer : public Proposer {
  public:
-  explicit SuffixProposer(const SpeculativeConfig& config);
+  // Drafts from matches shorter than min_match tokens are dropped (in front of a draft model or heads).
+  explicit SuffixProposer(const SpeculativeConfig& config, int32_t min_match = 1);
   void propose(std::span<Request* const> reqs, std::span<const int32_t> limits) override;
   bool makes_trees() const override { return params_.width > 1; }
   bool sizes_own_drafts() const override { return true; }  // the match length sizes a draft
@@ -75,6 +76,7 @@ class SuffixProposer : public Proposer {
 
  private:
   SuffixParams params_;
+  int32_t min_match_;
   SuffixStore store_;
 };
 

@@ -17,7 +17,8 @@ EDIT = [{"role": "user", "content": "Rename the variable `total` to `acc` and re
 
 @pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--spec", "suffix"], ["--spec", "suffix", "--spec-tree-width", "3"],
                                    ["--model-draft", STORIES],
-                                   ["--spec", "ngram+draft", "--model-draft", STORIES, "--draft-backoff", "2"]])
+                                   ["--spec", "ngram+draft", "--model-draft", STORIES, "--draft-backoff", "2"],
+                                   ["--spec", "suffix+draft", "--model-draft", STORIES]])
 def test_generate_with_speculation_prints_the_plain_text(flags):
     args = ["generate", "-m", STORIES, "-p", "Once upon a time", "-n", 60, "--seed", 3]
     for temp in ["0", "0.9"]:
@@ -47,6 +48,7 @@ def test_generate_with_speculation_prints_the_plain_text(flags):
     (["--spec", "suffix", "--spec-suffix-p-min", "2"], "--spec-suffix-p-min must be 0..1 (got 2)"),
     (["--spec", "suffix", "--spec-suffix-cache", "-1"], "--spec-suffix-cache must be 0..1000000 (got -1)"),
     (["--spec", "ngram+suffix"], "unknown speculative method 'ngram+suffix'"),
+    (["--spec", "suffix+draft"], "--spec suffix+draft needs a draft model (--model-draft FILE)"),
 ])
 def test_bad_speculative_flags_are_clear_errors(flags, message):
     p = run("generate", "-m", STORIES, "-p", "Once", "-n", 4, *flags, check=False)

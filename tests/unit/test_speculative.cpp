@@ -128,8 +128,8 @@ Model* StoriesSpec::model_ = nullptr;
 DecodingHeads* StoriesSpec::heads_ = nullptr;
 DecodingHeads* StoriesSpec::token_heads_ = nullptr;
 
-const std::vector<std::string> kMethods = {"ngram",       "draft",       "heads",  "ngram+draft",
-                                           "ngram+heads", "token-heads", "suffix", "suffix-chain"};
+const std::vector<std::string> kMethods = {"ngram",       "draft",       "heads",  "ngram+draft",  "ngram+heads",
+                                           "token-heads", "suffix", "suffix-chain", "suffix+draft", "suffix+heads"};
 const std::vector<std::string> kTexts = {"Once upon a time", "Once upon a time there was a dog named Max",
                                          "The little girl went to the park", "Lily and Tom were best friends."};
 
@@ -407,6 +407,17 @@ TEST(Speculative, PromptLookupFirstLeavesTheRestToTheFallback) {
   LookupFirstProposer q(c, std::make_unique<Recorder>());
   q.propose(reqs, limits);
   EXPECT_EQ(two.draft, (std::vector<int32_t>{8, 9, 5}));
+  // Suffix speculation first: the same split, by the length of the longest match (3 tokens and
+  // factor 1: 3 guesses; 2 tokens is below the minimum).
+  SpeculativeConfig s;
+  s.set_method("suffix+draft");
+  auto recorder = std::make_unique<Recorder>();
+  Recorder* rest = recorder.get();
+  LookupFirstProposer sp(s, std::move(recorder));
+  sp.propose(reqs, limits);
+  EXPECT_EQ(three.draft, (std::vector<int32_t>{8, 9, 5}));
+  EXPECT_EQ(two.draft, std::vector<int32_t>{42});
+  EXPECT_EQ(rest->asked, (std::vector<RequestId>{2, 3}));
 }
 
 // Two-sample chi-square test of equal distributions (equal sample sizes), categories with fewer than
@@ -498,19 +509,26 @@ TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   EXPECT_EQ(std::string(to_string(SpecMethod::Suffix)), "suffix");
   SpeculativeConfig n;
   n.set_method("ngram+heads");
-  EXPECT_TRUE(n.ngram_first);
+  EXPECT_EQ(n.first, SpecMethod::Ngram);
   EXPECT_EQ(n.method, SpecMethod::Heads);
   EXPECT_EQ(n.method_name(), "ngram+heads");
   EXPECT_EQ(n.lookup_min(), 3) << "in front of heads or a draft model, matches of 3 tokens or more";
   n.set_method("ngram");
   EXPECT_EQ(n.method_name(), "ngram");
   EXPECT_EQ(n.lookup_min(), 1);
-  for (const char* bad : {"ngram+ngram", "ngram+", "draft+ngram", "ngram+none"})
+  n.set_method("suffix+draft");
+  EXPECT_EQ(n.first, SpecMethod::Suffix);
+  EXPECT_EQ(n.method, SpecMethod::Draft);
+  EXPECT_EQ(n.method_name(), "suffix+draft");
+  EXPECT_EQ(n.lookup_min(), 3);
+  n.set_method("ngram");
+  for (const char* bad : {"ngram+ngram", "ngram+", "draft+ngram", "ngram+none", "suffix+ngram", "heads+draft",
+                          "ngram+suffix", "+draft"})
     EXPECT_NE(msg([&] { n.set_method(bad); }).find("unknown speculative method '" + std::string(bad) + "'"),
               std::string::npos) << bad;
-  n.method = SpecMethod::Ngram, n.ngram_first = true;
-  EXPECT_NE(msg([&] { n.validate(); }).find("ngram+draft or ngram+heads"), std::string::npos);
-  n.ngram_first = false, n.draft_backoff_max = -1;
+  n.method = SpecMethod::Ngram, n.first = SpecMethod::Ngram;
+  EXPECT_NE(msg([&] { n.validate(); }).find("lookup first needs a draft model or heads behind it"), std::string::npos);
+  n.first = SpecMethod::None, n.draft_backoff_max = -1;
   EXPECT_NE(msg([&] { n.validate(); }).find("--draft-backoff must be 0..1024 (got -1)"), std::string::npos);
   n.draft_backoff_max = 8;
   SpeculativeConfig sx;
