@@ -134,9 +134,11 @@ void SuffixStore::add(std::span<const int32_t> tokens) {
     if (list.size() >= 2 * kMaxPerKey) list.erase(list.begin(), list.end() - kMaxPerKey);
   }
   end_ += int64_t(tokens.size());
-  if (int64_t(docs_.size()) <= max_docs_) return;
-  docs_.pop_front();
-  base_ = docs_.front().start;
+  if (int64_t(docs_.size()) <= max_docs_ && end_ - base_ <= max_tokens_) return;
+  while (docs_.size() > 1 && (int64_t(docs_.size()) > max_docs_ || end_ - base_ > max_tokens_)) {
+    docs_.pop_front();
+    base_ = docs_.front().start;
+  }
   // Drop the stale offsets once they are most of the index (amortized over many adds).
   if (++evicted_ < max_docs_) return;
   evicted_ = 0;

@@ -38,10 +38,13 @@ struct SuffixDraft {
 // it proposes, at most `limit` tokens.
 SuffixDraft suffix_draft(std::span<const int32_t> text, const SuffixParams& p, int32_t limit);
 
-// Earlier requests' outputs, the oldest dropped beyond `max_docs`, indexed by their token pairs.
+// Earlier requests' outputs, the oldest dropped beyond `max_docs` documents or `max_tokens` tokens (the
+// newest document is always kept; 4 Mi tokens are about 50 MB with the index), indexed by their token
+// pairs.
 class SuffixStore {
  public:
-  explicit SuffixStore(int32_t max_docs) : max_docs_(max_docs) {}
+  explicit SuffixStore(int32_t max_docs, int64_t max_tokens = int64_t(1) << 22)
+      : max_docs_(max_docs), max_tokens_(max_tokens) {}
   void add(std::span<const int32_t> tokens);
   // The longest match of the end of `text` (at least 2 tokens) in the stored outputs, as suffix_draft.
   SuffixDraft draft(std::span<const int32_t> text, const SuffixParams& p, int32_t limit) const;
@@ -54,6 +57,7 @@ class SuffixStore {
     std::vector<int32_t> tokens;
   };
   int32_t max_docs_;
+  int64_t max_tokens_;
   std::deque<Doc> docs_;
   int64_t base_ = 0, end_ = 0;  // offsets of the oldest kept token and one past the newest
   // (t[i-1], t[i]) -> offsets i, oldest first; offsets below base_ are stale and skipped.

@@ -99,6 +99,20 @@ TEST(SuffixStore, ManyDocumentsKeepOnlyTheNewest) {
   EXPECT_TRUE(s.draft(V{0, 1, 2}, params(1.0f, 0.4f, 4), 8).tokens.empty()) << "a third of the votes each";
 }
 
+TEST(SuffixStore, ATokenBudgetDropsTheOldestButNeverTheNewest) {
+  SuffixStore s(100, 8);
+  s.add(V{1, 2, 3, 4, 5});
+  s.add(V{6, 2, 3, 7});  // 9 tokens: the first document goes
+  EXPECT_EQ(s.docs(), 1);
+  EXPECT_EQ(s.tokens(), 4);
+  EXPECT_EQ(s.draft(V{0, 2, 3}, params(), 8).tokens, (V{7}));
+  s.add(V{10, 11, 12, 13, 14, 15, 16, 17, 18, 19});  // over the budget alone: kept, the one before goes
+  EXPECT_EQ(s.docs(), 1);
+  EXPECT_EQ(s.tokens(), 10);
+  EXPECT_TRUE(s.draft(V{0, 2, 3}, params(), 8).tokens.empty());
+  EXPECT_EQ(s.draft(V{9, 11, 12}, params(), 8).tokens, (V{13, 14}));
+}
+
 TEST(SuffixProposer, TakesTheBetterScoringOfTheRequestAndTheStore) {
   SpeculativeConfig c;
   c.method = SpecMethod::Suffix;
