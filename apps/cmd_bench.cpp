@@ -54,6 +54,9 @@ std::vector<SpecRow> spec_rows(const BenchOptions& o, const Model& model, const 
     cfg.prefix_caching = false;
     cfg.scheduler.max_batched_tokens = std::max<int64_t>(int64_t(prompt.size()), 64);
     if (speculate) cfg.spec = o.spec.load();
+    // Every rep asks the same: suffix speculation's store of earlier outputs would propose reps 2.. from
+    // rep 1's output. Off, so that each rep measures a first request.
+    cfg.spec.suffix_cache = 0;
     Engine e(model, cfg);
     std::vector<double> tps;
     for (int r = 0; r < o.reps; ++r) {

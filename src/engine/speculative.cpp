@@ -57,12 +57,12 @@ void SpeculativeConfig::validate() const {
 
 void SpeculativeConfig::set_method(const std::string& name) {
   const auto plus = name.find('+');
-  first = plus == std::string::npos ? SpecMethod::None : parse_spec_method(name.substr(0, plus));
+  const std::string lead = plus == std::string::npos ? "" : name.substr(0, plus);
   const std::string rest = plus == std::string::npos ? name : name.substr(plus + 1);
-  check(plus == std::string::npos ||
-            ((first == SpecMethod::Ngram || first == SpecMethod::Suffix) && (rest == "draft" || rest == "heads")),
+  check(plus == std::string::npos || ((lead == "ngram" || lead == "suffix") && (rest == "draft" || rest == "heads")),
         "unknown speculative method '{}' (none, ngram, suffix, draft, heads, or ngram+ / suffix+ then draft or heads)",
         name);
+  first = plus == std::string::npos ? SpecMethod::None : parse_spec_method(lead);
   method = parse_spec_method(rest);
 }
 

@@ -139,14 +139,21 @@ void SuffixStore::add(std::span<const int32_t> tokens) {
     docs_.pop_front();
     base_ = docs_.front().start;
   }
-  // Drop the stale offsets once they are most of the index (amortized over many adds).
-  if (++evicted_ < max_docs_) return;
-  evicted_ = 0;
+  // Drop the stale offsets once there are as many as live tokens (amortized over the adds), so the
+  // index holds at most twice the tokens kept.
+  if (base_ - cleaned_at_ < end_ - base_) return;
+  cleaned_at_ = base_;
   for (auto it = index_.begin(); it != index_.end();) {
     auto& list = it->second;
     list.erase(list.begin(), std::lower_bound(list.begin(), list.end(), base_));
     it = list.empty() ? index_.erase(it) : std::next(it);
   }
+}
+
+int64_t SuffixStore::index_entries() const {
+  int64_t n = 0;
+  for (const auto& [key, list] : index_) n += int64_t(list.size());
+  return n;
 }
 
 const SuffixStore::Doc* SuffixStore::find(int64_t offset) const {
@@ -178,12 +185,12 @@ void SuffixProposer::propose(std::span<Request* const> reqs, std::span<const int
   for (size_t i = 0; i < reqs.size(); ++i) {
     Request& r = *reqs[i];
     SuffixDraft d = suffix_draft(r.tokens, params_, limits[i]);
+    if (d.match < min_match_) d = {};
     if (store_.docs() > 0) {
       SuffixDraft g = store_.draft(r.tokens, params_, limits[i]);
-      if (g.score > d.score) d = std::move(g);
+      if (g.match >= min_match_ && g.score > d.score) d = std::move(g);
     }
     r.cut_draft(0);
-    if (d.match < min_match_) continue;
     r.draft = std::move(d.tokens);
     if (params_.width > 1) r.draft_parents = std::move(d.parents);
   }

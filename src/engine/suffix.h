@@ -50,6 +50,7 @@ class SuffixStore {
   SuffixDraft draft(std::span<const int32_t> text, const SuffixParams& p, int32_t limit) const;
   int64_t docs() const { return int64_t(docs_.size()); }
   int64_t tokens() const { return end_ - base_; }
+  int64_t index_entries() const;  // offsets in the index, stale ones included
 
  private:
   struct Doc {
@@ -62,7 +63,7 @@ class SuffixStore {
   int64_t base_ = 0, end_ = 0;  // offsets of the oldest kept token and one past the newest
   // (t[i-1], t[i]) -> offsets i, oldest first; offsets below base_ are stale and skipped.
   std::unordered_map<uint64_t, std::vector<int64_t>> index_;
-  int32_t evicted_ = 0;  // documents dropped since the index was last cleared of stale offsets
+  int64_t cleaned_at_ = 0;  // base_ when the index was last cleared of stale offsets
   const Doc* find(int64_t offset) const;
 };
 

@@ -542,7 +542,10 @@ TEST(Speculative, ConfigAndVocabularyChecksSayWhatIsWrong) {
   EXPECT_NE(msg([&] { sx.validate(); }).find("--spec-suffix-p-min must be 0..1"), std::string::npos);
   sx.suffix_p_min = 0.1f, sx.suffix_cache = -1;
   EXPECT_NE(msg([&] { sx.validate(); }).find("--spec-suffix-cache"), std::string::npos);
-  EXPECT_NE(msg([&] { sx.set_method("ngram+suffix"); }).find("suffix"), std::string::npos);
+  EXPECT_NE(msg([&] { sx.set_method("ngram+suffix"); }).find("unknown speculative method 'ngram+suffix'"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { sx.set_method("foo+draft"); }).find("unknown speculative method 'foo+draft'"),
+            std::string::npos);
   for (int width : {0, 65})
     EXPECT_NE(msg([&] { n.tree_width = width, n.validate(); }).find(fmt::format("--spec-tree-width must be 1..64 (got {})", width)),
               std::string::npos) << width;

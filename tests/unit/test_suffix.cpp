@@ -113,6 +113,43 @@ TEST(SuffixStore, ATokenBudgetDropsTheOldestButNeverTheNewest) {
   EXPECT_EQ(s.draft(V{9, 11, 12}, params(), 8).tokens, (V{13, 14}));
 }
 
+TEST(SuffixStore, StaleOffsetsAreClearedSoTheIndexStaysNearTheTokensKept) {
+  SuffixStore s(1000, 16);
+  for (int32_t d = 0; d < 200; ++d) {
+    V doc(10);
+    for (int32_t i = 0; i < 10; ++i) doc[size_t(i)] = 1000 * d + i;  // every pair new
+    s.add(doc);
+    ASSERT_LE(s.tokens(), 16);
+    // Live pairs plus at most as many stale ones as live tokens, plus the document just added.
+    ASSERT_LE(s.index_entries(), 2 * s.tokens() + 10) << "after document " << d;
+  }
+  EXPECT_EQ(s.draft(V{0, 199001, 199002}, params(), 8).tokens, (V{199003, 199004})) << "the newest still matches";
+}
+
+TEST(SuffixProposer, InFrontOfAFallbackOnlyLongMatchesCountFromEitherSource) {
+  SpeculativeConfig c;
+  c.set_method("suffix+draft");
+  c.suffix_factor = 4;
+  GenerationParams gp;
+  Request done(1, V{50}, gp, nullptr, 0);
+  done.tokens.insert(done.tokens.end(), {1, 2, 3, 4, 5, 6, 7, 8});
+  const int32_t limits[] = {8};
+  for (int32_t min_match : {1, 3}) {
+    SuffixProposer p(c, min_match);
+    p.finished(done);
+    // Its own text matches "7 1 2" (3 tokens: 9 7 1 2, score 4); the store "1 2" (2 tokens: 3 .. 8, score 6).
+    Request r(2, V{7, 1, 2, 9, 7, 1, 2}, gp, nullptr, 0);
+    Request* rs[] = {&r};
+    p.propose(rs, limits);
+    if (min_match == 1) EXPECT_EQ(r.draft, (V{3, 4, 5, 6, 7, 8})) << "the store scores higher";
+    else EXPECT_EQ(r.draft, (V{9, 7, 1, 2})) << "the store's 2-token match is below the minimum";
+    Request shortonly(3, V{2, 9, 1, 2}, gp, nullptr, 0);  // own match 1, store match 2
+    Request* ss[] = {&shortonly};
+    p.propose(ss, limits);
+    EXPECT_EQ(shortonly.draft.empty(), min_match == 3) << "nothing long enough: left to the fallback";
+  }
+}
+
 TEST(SuffixProposer, TakesTheBetterScoringOfTheRequestAndTheStore) {
   SpeculativeConfig c;
   c.method = SpecMethod::Suffix;
@@ -130,7 +167,7 @@ TEST(SuffixProposer, TakesTheBetterScoringOfTheRequestAndTheStore) {
   const int32_t limits[] = {8};
   p.propose(rs, limits);
   EXPECT_EQ(r.draft, (V{3, 4})) << "score 2 from the store beats 1 from the request";
-  EXPECT_TRUE(r.draft_parents.empty()) << "a chain";
+  EXPECT_TRUE(r.draft_parents.empty()) << "a chain: no parents";
   Request q(3, V{7, 1, 2, 8, 7, 1, 2}, gp, nullptr, 0);  // its own "7 1 2" (3 tokens, score 3) beats the store's 2
   Request* qs[] = {&q};
   p.propose(qs, limits);
