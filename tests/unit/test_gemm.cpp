@@ -112,13 +112,13 @@ TEST_P(PackedGemm, EveryLevelMatchesReferenceAndScalarBitwise) {
   }
 }
 
-// The 5-bit types' fifth bits in both orders (packed.h: PlaneLayout): every level that reads an order
-// gives the scalar level's bits on StepMasks, and the reference within its bound. AVX-512 and AMX
+// The 5- and 6-bit types' bit planes in both orders (packed.h: PlaneLayout): every level that reads an
+// order gives the scalar level's bits on StepMasks, and the reference within its bound. AVX-512 and AMX
 // read StepMasks only and must refuse ValueBytes rather than read it wrong.
 TEST(PackedGemm, BothPlaneOrdersGiveTheSameBitsAtEveryLevelThatReadsThem) {
   IsaGuard guard;
   const bool have_avx512 = int(cpu::detected_isa()) >= int(cpu::Isa::Avx512);
-  for (DType t : {DType::Q5_0, DType::Q5_1, DType::Q5_K}) {
+  for (DType t : {DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q6_K}) {
     const int64_t rows = 37, cols = 2 * int64_t(dtype_info(t).block_elems), n_tok = 9;
     TestMatrix m(t, rows, cols, 23);
     EXPECT_EQ(m.w.packed->plane_by_value, !have_avx512) << "the order for this CPU: ValueBytes without AVX-512";
@@ -245,6 +245,24 @@ TEST_P(PackedGemm, AllBitsSetAgainstLargestActivations) {
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got[i], want[i], error_bound(w, int64_t(i) % rows, x.data() + (int64_t(i) / rows) * cols))
           << dtype_info(t).name << " " << cpu::isa_name(level) << " output " << i;
+  }
+}
+
+// The packed copy's size per weight, from the layout's arithmetic (packed.h): values (4 bits per
+// nibble, 1 per bit plane, 8 per byte), int8 sub-scales and mins per block or half, float scales per
+// super-block. Q6_K in nibbles and two planes is 6 + 0.5 + 0.125 = 6.625 bits against the file's 6.5625
+// (it was 8.625 as bytes), so a model's resident copy stays near its file's size.
+TEST(PackedGemm, PackedSizePerWeightIsTheLayoutsArithmetic) {
+  const struct { DType t; double bits; } kCases[] = {
+      {DType::Q4_0, 4 + 32.0 / 32}, {DType::Q5_0, 5 + 32.0 / 32}, {DType::Q8_0, 8 + 32.0 / 32},
+      {DType::Q4_K, 4 + 8.0 / 32 + 8.0 / 32 + 64.0 / 256}, {DType::Q5_K, 5 + 8.0 / 32 + 8.0 / 32 + 64.0 / 256},
+      {DType::Q6_K, 6 + 16.0 / 32 + 32.0 / 256}, {DType::Q3_K, 4 + 16.0 / 32 + 32.0 / 256},
+  };
+  for (const auto& c : kCases) {
+    const int64_t rows = 64, cols = 4 * 256;
+    TestMatrix m(c.t, rows, cols, 5);
+    ASSERT_TRUE(m.w.packed) << dtype_info(c.t).name;
+    EXPECT_DOUBLE_EQ(double(m.w.packed->bytes()) * 8 / double(rows * cols), c.bits) << dtype_info(c.t).name;
   }
 }
 

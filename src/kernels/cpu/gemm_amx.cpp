@@ -67,23 +67,24 @@ void configure_tiles(Tiles want) {
 
 // A block's values as signed bytes in the packed order: nibbles widened, the offset subtracted, so that
 // a signed-by-signed tile product (TDPBSSD) gives S - offset * sum(x) directly.
-template <bool kNib, bool kPlane>
+template <bool kNib, int kPlanes>
 void widen_block(const uint8_t* blk, int offset, uint8_t* out) {
   const __m512i off = _mm512_set1_epi8(char(offset));
   if constexpr (!kNib) {
     for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, _mm512_sub_epi8(_mm512_load_si512(blk + 64 * j), off));
     return;
   }
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int j = 0; j < 4; ++j) {
     const __m512i raw = _mm512_load_si512(blk + 64 * j);
     __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    if constexpr (kPlane) {
+    for (int p = 0; p < kPlanes; ++p) {  // plane p: bit 4 + p (StepMasks order)
+      const __m512i bit = _mm512_set1_epi8(char(0x10 << p));
       __mmask64 mlo, mhi;
-      std::memcpy(&mlo, blk + 256 + 8 * j, 8);
-      std::memcpy(&mhi, blk + 256 + 8 * (j + 4), 8);
-      lo = _mm512_mask_add_epi8(lo, mlo, lo, bit4);
-      hi = _mm512_mask_add_epi8(hi, mhi, hi, bit4);
+      std::memcpy(&mlo, blk + 256 + 64 * p + 8 * j, 8);
+      std::memcpy(&mhi, blk + 256 + 64 * p + 8 * (j + 4), 8);
+      lo = _mm512_mask_add_epi8(lo, mlo, lo, bit);
+      hi = _mm512_mask_add_epi8(hi, mhi, hi, bit);
     }
     _mm512_store_si512(out + 64 * j, _mm512_sub_epi8(lo, off));
     _mm512_store_si512(out + 64 * (j + 4), _mm512_sub_epi8(hi, off));
@@ -295,7 +296,7 @@ void quad16(const PackedWeights& w, const PackedActs& x, const uint8_t* wq0, con
   for (int c = 0; c < 4; ++c) store_rows(w, g + c / 2, t0 + kTileTokens * (c % 2), nt[c], acc[c], y);
 }
 
-template <bool kNib, bool kPlane, int kSub, bool kMins>
+template <bool kNib, int kPlanes, int kSub, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   constexpr bool kSplit = kSub == 2;
   configure_tiles(kSplit ? Tiles::Split : Tiles::Plain);
@@ -303,8 +304,8 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
   uint8_t* widened = widen_buffer(2 * group_bytes);
   const auto widen_group = [&](int64_t g, uint8_t* out) {
     for (int64_t b = 0; b < w.n_blocks; ++b) {
-      prefetch_ahead<kNib, kPlane>(w.block(g, b));
-      widen_block<kNib, kPlane>(w.block(g, b), w.offset, out + 512 * b);
+      prefetch_ahead<kNib, kPlanes>(w.block(g, b));
+      widen_block<kNib, kPlanes>(w.block(g, b), w.offset, out + 512 * b);
     }
   };
   for (int64_t g = g0; g < g1;) {
@@ -409,8 +410,8 @@ void packed_gemm_amx(const PackedWeights& w, const PackedActs& x, int64_t g0, in
   // The tiled activations exist when the call quantized at this level (always, through cpu::matmul);
   // the AVX-512 kernel gives the same bits otherwise.
   if (t1 - t0 < kAmxMinTokens || x.tiled.empty() || t0 % kTileTokens != 0) return packed_gemm_avx512(w, x, g0, g1, t0, t1, y);
-  with_layout(w.source, [&]<bool kNib, bool kPlane, int kSub, bool kMins>() {
-    run<kNib, kPlane, kSub, kMins>(w, x, g0, g1, t0, t1, y);
+  with_layout(w.source, [&]<bool kNib, int kPlanes, int kSub, bool kMins>() {
+    run<kNib, kPlanes, kSub, kMins>(w, x, g0, g1, t0, t1, y);
   });
 }
 

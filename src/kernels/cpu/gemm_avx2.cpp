@@ -30,18 +30,18 @@ inline __m256i bcast4(const int8_t* p) {
 // 2 * max(u) * 128: 4-bit values 3840 (8 add up to 30720), 5-bit 7936 (4: 31744), 6-bit 16128
 // (2: 32256), all below 32768; signed 8-bit products reach 32512 alone. The integer sums are exact, so
 // the chains do not change a bit.
-template <bool kNib, bool kPlane, bool kSigned>
-constexpr int kChain = kSigned ? 1 : !kNib ? 2 : kPlane ? 4 : 8;
+template <bool kNib, int kPlanes, bool kSigned>
+constexpr int kChain = kSigned ? 1 : !kNib || kPlanes == 2 ? 2 : kPlanes == 1 ? 4 : 8;
 
-// 32 bits of a StepMasks plane as 32 bytes: 0x10 where the bit is set, 0 elsewhere.
-inline __m256i plane_bits(const uint8_t* p) {
+// 32 bits of a StepMasks plane as 32 bytes: `bit` (0x10 or 0x20) where the bit is set, 0 elsewhere.
+inline __m256i plane_bits(const uint8_t* p, char bit_value) {
   int32_t m;
   std::memcpy(&m, p, 4);
   const __m256i byte_of_bit = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                                3, 3, 3, 3, 3, 3);
   const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
   const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(m), byte_of_bit);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(bit_value));
 }
 
 // 8 rows' int8 sub-scales or mins as int32, and a (lo, hi) int16 pair per row for VPMADDWD.
@@ -51,25 +51,29 @@ inline __m256i pair16(__m256i lo, __m256i hi) {
 }
 inline __m256i sub_pairs(__m256i sub) { return pair16(sub, sub); }
 
-// Step k4's fifth bits of a ValueBytes plane's half (bit k4 of each byte) at bit 4: the 16-bit shift
-// moves bits across bytes only below bit 4 (left by 4 - k4) or above it (right by at most 3).
-inline __m256i plane_step(__m256i half, int k4) {
-  const __m256i at4 = k4 < 4 ? _mm256_slli_epi16(half, 4 - k4) : k4 > 4 ? _mm256_srli_epi16(half, k4 - 4) : half;
-  return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+// Step k4's bits of a ValueBytes plane's half (bit k4 of each byte) at bit `to` (4 for the fifth bits,
+// 5 for the sixth): the 16-bit shift moves bits across bytes only below bit `to` (left by to - k4) or
+// above it (right by at most 3).
+inline __m256i plane_step(__m256i half, int k4, int to) {
+  const __m256i at = k4 < to ? _mm256_slli_epi16(half, to - k4) : k4 > to ? _mm256_srli_epi16(half, k4 - to) : half;
+  return _mm256_and_si256(at, _mm256_set1_epi8(char(1 << to)));
 }
 
 // Step k4 (values 4*k4 .. 4*k4+3 of each row) of half h of a block: one vector of 8 rows' 4 values.
 // kByValue: the plane is in ValueBytes order (packed.h), else StepMasks.
-template <bool kNib, bool kPlane, bool kByValue>
+template <bool kNib, int kPlanes, bool kByValue>
 inline __m256i load_step(const uint8_t* blk, int h, int k4) {
   const __m256i raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * (kNib ? k4 % 4 : k4) + 32 * h));
   if constexpr (!kNib) return raw;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i v = _mm256_and_si256(k4 < 4 ? raw : _mm256_srli_epi16(raw, 4), low4);
-  if constexpr (kPlane && kByValue)  // the same 32 bytes for every step: loaded once when unrolled
-    v = _mm256_or_si256(v, plane_step(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 256 + 32 * h)), k4));
-  else if constexpr (kPlane)
-    v = _mm256_or_si256(v, plane_bits(blk + 256 + 8 * k4 + 4 * h));
+  for (int p = 0; p < kPlanes; ++p) {  // plane p: bit 4 + p
+    const uint8_t* plane = blk + 256 + 64 * p;
+    if constexpr (kByValue)  // the same 32 bytes for every step: loaded once when unrolled
+      v = _mm256_or_si256(v, plane_step(_mm256_load_si256(reinterpret_cast<const __m256i*>(plane + 32 * h)), k4, 4 + p));
+    else
+      v = _mm256_or_si256(v, plane_bits(plane + 8 * k4 + 4 * h, char(0x10 << p)));
+  }
   return v;
 }
 
@@ -77,15 +81,15 @@ inline __m256i load_step(const uint8_t* blk, int h, int k4) {
 // [K0, K1) of block b (4 values each) with the token's activations. Steps run outermost: each step's
 // weights are unpacked once and used for every token of the tile, whose 16-bit chains (kChain) and sums
 // stay in registers, so no unpacked block is held.
-template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
+template <int NT, int K0, int K1, bool kNib, int kPlanes, bool kSigned, bool kByValue>
 inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32,
                       __m256i mul) {
-  constexpr int C = kChain<kNib, kPlane, kSigned>;
+  constexpr int C = kChain<kNib, kPlanes, kSigned>;
   for (int c = K0; c < K1; c += C) {
     __m256i s16[NT];
     for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();  // folded into the first add
     for (int k = c; k < c + C && k < K1; ++k) {
-      const __m256i v = load_step<kNib, kPlane, kByValue>(blk, h, k);
+      const __m256i v = load_step<kNib, kPlanes, kByValue>(blk, h, k);
       __m256i u = v, q = v;  // unsigned weights; signed: |u - 128|, with the sign moved onto x
       if constexpr (kSigned) {
         q = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
@@ -107,13 +111,13 @@ inline void add_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0
 // sum and an accumulator per token, one chain and one broadcast; add_steps keeps a chain per token
 // besides, and the unpacking's temporaries, which at 4 tokens is more than AVX2's 16 registers.
 // Chains of 8 (4-bit values) are cut into two of 4 here: one more widening per block and token.
-template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
+template <int NT, int K0, int K1, bool kNib, int kPlanes, bool kSigned, bool kByValue>
 inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32,
                            __m256i mul) {
-  constexpr int C = kChain<kNib, kPlane, kSigned> < 4 ? kChain<kNib, kPlane, kSigned> : 4;
+  constexpr int C = kChain<kNib, kPlanes, kSigned> < 4 ? kChain<kNib, kPlanes, kSigned> : 4;
   for (int c = K0; c < K1; c += C) {
     __m256i v[C];
-    for (int k = 0; k < C; ++k) v[k] = load_step<kNib, kPlane, kByValue>(blk, h, c + k);
+    for (int k = 0; k < C; ++k) v[k] = load_step<kNib, kPlanes, kByValue>(blk, h, c + k);
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
       const int8_t* xq = x.row(t0 + t) + b * kPackBlock + 4 * c;
@@ -130,11 +134,11 @@ inline void add_steps_held(const uint8_t* blk, int h, const PackedActs& x, int64
 // `mul`: per row, the int16 pair each chain's pair sums are multiplied by as VPMADDWD widens them: ones,
 // or a sub-scale twice (sub_pairs), which adds sub * S exactly (|chain| < 32768, |sub| <= 128) without
 // a sum per token and a VPMULLD (Q4_K 1- and 4-token tiles alone: 5-14 % faster, minimum of 12 rounds).
-template <int NT, int K0, int K1, bool kNib, bool kPlane, bool kSigned, bool kByValue>
+template <int NT, int K0, int K1, bool kNib, int kPlanes, bool kSigned, bool kByValue>
 inline void add_block_steps(const uint8_t* blk, int h, const PackedActs& x, int64_t t0, int64_t b, __m256i* s32,
                             __m256i mul = _mm256_set1_epi16(1)) {
-  if constexpr (kSigned || NT < 3) add_steps<NT, K0, K1, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, s32, mul);
-  else add_steps_held<NT, K0, K1, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, s32, mul);
+  if constexpr (kSigned || NT < 3) add_steps<NT, K0, K1, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, s32, mul);
+  else add_steps_held<NT, K0, K1, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, s32, mul);
 }
 
 // Per token, -offset * sum(x) over block b: the start of S - offset * sum(x) (0 for Q8_0, whose signed
@@ -164,7 +168,7 @@ inline void store_half(const PackedWeights& w, int64_t g, int h, int64_t t0, con
 
 // One half (8 rows) of a group; kSub as in gemm_avx512.cpp. kSigned: 8-bit values (Q8_0), whose
 // signed products already are S - 128 * sum(x).
-template <int NT, bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned, bool kByValue>
+template <int NT, bool kNib, int kPlanes, int kSub, bool kMins, bool kSigned, bool kByValue>
 void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -175,12 +179,12 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
       const uint8_t* blk = w.block(g, b);
-      if (h == 0) prefetch_ahead<kNib, kPlane>(blk);  // the second half finds the lines in cache
+      if (h == 0) prefetch_ahead<kNib, kPlanes>(blk);  // the second half finds the lines in cache
       if constexpr (kSub == 2) {
         const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
         const __m256i shi = widen8(w.sub.data() + w.int_index(g, b) + kPackRows + 8 * h);
-        add_block_steps<NT, 0, 4, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
-        add_block_steps<NT, 4, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(shi));
+        add_block_steps<NT, 0, 4, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
+        add_block_steps<NT, 4, 8, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(shi));
         const __m256i neg_off = _mm256_set1_epi32(-w.offset);
         const __m256i offp = pair16(_mm256_mullo_epi32(slo, neg_off), _mm256_mullo_epi32(shi, neg_off));
         for (int t = 0; t < NT; ++t)
@@ -188,11 +192,11 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
       } else if constexpr (kSub == 1) {  // sub * S: the types with a sub-scale per block (Q4_K, Q5_K) have
         // no offset (the bitwise tests of every packable type would catch one that had)
         const __m256i slo = widen8(w.sub.data() + w.int_index(g, b) + 8 * h);
-        add_block_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
+        add_block_steps<NT, 0, 8, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, isum, sub_pairs(slo));
       } else {
         __m256i sum[NT];
         start_sums<NT, kSigned>(w, x, t0, b, sum);
-        add_block_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, sum);
+        add_block_steps<NT, 0, 8, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, sum);
         for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], sum[t]);
       }
     }
@@ -225,17 +229,17 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
 // goes straight into the float accumulator, so no integer sums stay live across blocks. The integer
 // sum per (row, token, block) is S - offset * sum(x), as in tile_half, and the float steps are the
 // same: the same bits.
-template <int NT, bool kNib, bool kPlane, bool kSigned, bool kByValue>
+template <int NT, bool kNib, int kPlanes, bool kSigned, bool kByValue>
 void tile_half_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int h, int64_t t0, float* y) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   const int64_t nb = w.n_blocks;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w.block(g, b);
-    if (h == 0) prefetch_ahead<kNib, kPlane>(blk);
+    if (h == 0) prefetch_ahead<kNib, kPlanes>(blk);
     __m256i sum[NT];
     start_sums<NT, kSigned>(w, x, t0, b, sum);
-    add_block_steps<NT, 0, 8, kNib, kPlane, kSigned, kByValue>(blk, h, x, t0, b, sum);
+    add_block_steps<NT, 0, 8, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, sum);
     const __m256 sc = _mm256_loadu_ps(w.scale.data() + w.super_index(g, b) + 8 * h);
     for (int t = 0; t < NT; ++t) {
       const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
@@ -257,17 +261,17 @@ void run_tiles(const TileFn (&tiles)[kMaxTile + 1], const PackedWeights& w, cons
     }
 }
 
-template <bool kNib, bool kPlane, int kSub, bool kMins, bool kSigned, bool kByValue>
+template <bool kNib, int kPlanes, int kSub, bool kMins, bool kSigned, bool kByValue>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
-  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlane, kSub, kMins, kSigned, kByValue>,
-                                                  tile_half<2, kNib, kPlane, kSub, kMins, kSigned, kByValue>,
-                                                  tile_half<3, kNib, kPlane, kSub, kMins, kSigned, kByValue>,
-                                                  tile_half<4, kNib, kPlane, kSub, kMins, kSigned, kByValue>};
+  static constexpr TileFn kTiles[kMaxTile + 1] = {nullptr, tile_half<1, kNib, kPlanes, kSub, kMins, kSigned, kByValue>,
+                                                  tile_half<2, kNib, kPlanes, kSub, kMins, kSigned, kByValue>,
+                                                  tile_half<3, kNib, kPlanes, kSub, kMins, kSigned, kByValue>,
+                                                  tile_half<4, kNib, kPlanes, kSub, kMins, kSigned, kByValue>};
   if constexpr (kSub == 0 && !kMins) {
-    static constexpr TileFn kOneBlock[kMaxTile + 1] = {nullptr, tile_half_one_block<1, kNib, kPlane, kSigned, kByValue>,
-                                                       tile_half_one_block<2, kNib, kPlane, kSigned, kByValue>,
-                                                       tile_half_one_block<3, kNib, kPlane, kSigned, kByValue>,
-                                                       tile_half_one_block<4, kNib, kPlane, kSigned, kByValue>};
+    static constexpr TileFn kOneBlock[kMaxTile + 1] = {nullptr, tile_half_one_block<1, kNib, kPlanes, kSigned, kByValue>,
+                                                       tile_half_one_block<2, kNib, kPlanes, kSigned, kByValue>,
+                                                       tile_half_one_block<3, kNib, kPlanes, kSigned, kByValue>,
+                                                       tile_half_one_block<4, kNib, kPlanes, kSigned, kByValue>};
     if (w.sb == 1) return run_tiles(kOneBlock, w, x, g0, g1, t0, t1, y);
   }
   run_tiles(kTiles, w, x, g0, g1, t0, t1, y);
@@ -278,11 +282,11 @@ void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, in
 void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                       float* y) {
   // Bytes without sub-scales are Q8_0 (offset 128): multiplied as signed values.
-  with_layout(w.source, [&]<bool kNib, bool kPlane, int kSub, bool kMins>() {
+  with_layout(w.source, [&]<bool kNib, int kPlanes, int kSub, bool kMins>() {
     constexpr bool kSigned = !kNib && kSub == 0;
-    if constexpr (kPlane)
-      if (w.plane_by_value) return run<kNib, kPlane, kSub, kMins, kSigned, true>(w, x, g0, g1, t0, t1, y);
-    run<kNib, kPlane, kSub, kMins, kSigned, false>(w, x, g0, g1, t0, t1, y);
+    if constexpr (kPlanes)
+      if (w.plane_by_value) return run<kNib, kPlanes, kSub, kMins, kSigned, true>(w, x, g0, g1, t0, t1, y);
+    run<kNib, kPlanes, kSub, kMins, kSigned, false>(w, x, g0, g1, t0, t1, y);
   });
 }
 

@@ -20,7 +20,7 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <bool kNib, bool kPlane>
+template <bool kNib, int kPlanes>
 inline void load_block(const uint8_t* blk, __m512i* v) {
   if constexpr (kNib) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -29,12 +29,12 @@ inline void load_block(const uint8_t* blk, __m512i* v) {
       v[j] = _mm512_and_si512(raw, low4);
       v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     }
-    if constexpr (kPlane) {
-      const __m512i bit4 = _mm512_set1_epi8(0x10);
+    for (int p = 0; p < kPlanes; ++p) {  // plane p: bit 4 + p, not set yet, so adding it sets it
+      const __m512i bit = _mm512_set1_epi8(char(0x10 << p));
       for (int k4 = 0; k4 < 8; ++k4) {
         __mmask64 m;
-        std::memcpy(&m, blk + 256 + 8 * k4, 8);
-        v[k4] = _mm512_mask_add_epi8(v[k4], m, v[k4], bit4);  // values <= 15: adding 16 sets the fifth bit
+        std::memcpy(&m, blk + 256 + 64 * p + 8 * k4, 8);
+        v[k4] = _mm512_mask_add_epi8(v[k4], m, v[k4], bit);
       }
     }
   } else {
@@ -74,7 +74,7 @@ inline void store_tile(const PackedWeights& w, int64_t g, int64_t t0, const __m5
 }
 
 // kSub: 0 without sub-scales, 1 one per block, 2 one per half (packed.h).
-template <int NT, bool kNib, bool kPlane, int kSub, bool kMins>
+template <int NT, bool kNib, int kPlanes, int kSub, bool kMins>
 void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, float* y) {
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -85,8 +85,8 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int64_t b = sup * w.sb; b < (sup + 1) * w.sb; ++b) {
       __m512i v[8];
-      prefetch_ahead<kNib, kPlane>(w.block(g, b));
-      load_block<kNib, kPlane>(w.block(g, b), v);
+      prefetch_ahead<kNib, kPlanes>(w.block(g, b));
+      load_block<kNib, kPlanes>(w.block(g, b), v);
       __m512i slo = _mm512_setzero_si512(), shi = slo, offp = slo;
       if constexpr (kSub >= 1) slo = widen16(w.sub.data() + w.int_index(g, b));
       if constexpr (kSub == 2) {
@@ -137,15 +137,15 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
 // order: the same bits. Tiles of 12 or 16 spill registers and were no faster than two tiles.
 constexpr int kMaxTileOneBlock = 10;
 
-template <int NT, bool kNib, bool kPlane>
+template <int NT, bool kNib, int kPlanes>
 void tile_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, float* y) {
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const int64_t nb = w.n_blocks;
   for (int64_t b = 0; b < nb; ++b) {
-    prefetch_ahead<kNib, kPlane>(w.block(g, b));
+    prefetch_ahead<kNib, kPlanes>(w.block(g, b));
     __m512i v[8];
-    load_block<kNib, kPlane>(w.block(g, b), v);
+    load_block<kNib, kPlanes>(w.block(g, b), v);
     const __m512 sc = _mm512_loadu_ps(w.scale.data() + w.super_index(g, b));
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
@@ -167,30 +167,30 @@ void run_tiles(const TileFn (&tiles)[kMax + 1], const PackedWeights& w, const Pa
     for_even_tiles(t0, t1, kMax, [&](int64_t t, int64_t n) { tiles[n](w, x, g, t, y); });
 }
 
-template <bool kNib, bool kPlane>
+template <bool kNib, int kPlanes>
 void run_one_block(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   static constexpr TileFn kTiles[kMaxTileOneBlock + 1] = {
       nullptr,
-      tile_one_block<1, kNib, kPlane>, tile_one_block<2, kNib, kPlane>, tile_one_block<3, kNib, kPlane>,
-      tile_one_block<4, kNib, kPlane>, tile_one_block<5, kNib, kPlane>, tile_one_block<6, kNib, kPlane>,
-      tile_one_block<7, kNib, kPlane>, tile_one_block<8, kNib, kPlane>, tile_one_block<9, kNib, kPlane>,
-      tile_one_block<10, kNib, kPlane>};
+      tile_one_block<1, kNib, kPlanes>, tile_one_block<2, kNib, kPlanes>, tile_one_block<3, kNib, kPlanes>,
+      tile_one_block<4, kNib, kPlanes>, tile_one_block<5, kNib, kPlanes>, tile_one_block<6, kNib, kPlanes>,
+      tile_one_block<7, kNib, kPlanes>, tile_one_block<8, kNib, kPlanes>, tile_one_block<9, kNib, kPlanes>,
+      tile_one_block<10, kNib, kPlanes>};
   run_tiles<kMaxTileOneBlock>(kTiles, w, x, g0, g1, t0, t1, y);
 }
 
-template <bool kNib, bool kPlane, int kSub, bool kMins>
+template <bool kNib, int kPlanes, int kSub, bool kMins>
 void run(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1, float* y) {
   static constexpr TileFn kTiles[kMaxTile + 1] = {
       nullptr,
-      tile<1, kNib, kPlane, kSub, kMins>,
-      tile<2, kNib, kPlane, kSub, kMins>,
-      tile<3, kNib, kPlane, kSub, kMins>,
-      tile<4, kNib, kPlane, kSub, kMins>,
-      tile<5, kNib, kPlane, kSub, kMins>,
-      tile<6, kNib, kPlane, kSub, kMins>,
-      tile<7, kNib, kPlane, kSub, kMins>,
-      tile<8, kNib, kPlane, kSub, kMins>,
-      tile<9, kNib, kPlane, kSub, kMins>};
+      tile<1, kNib, kPlanes, kSub, kMins>,
+      tile<2, kNib, kPlanes, kSub, kMins>,
+      tile<3, kNib, kPlanes, kSub, kMins>,
+      tile<4, kNib, kPlanes, kSub, kMins>,
+      tile<5, kNib, kPlanes, kSub, kMins>,
+      tile<6, kNib, kPlanes, kSub, kMins>,
+      tile<7, kNib, kPlanes, kSub, kMins>,
+      tile<8, kNib, kPlanes, kSub, kMins>,
+      tile<9, kNib, kPlanes, kSub, kMins>};
   run_tiles<kMaxTile>(kTiles, w, x, g0, g1, t0, t1, y);
 }
 
@@ -250,11 +250,11 @@ void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t*
 
 void packed_gemm_avx512(const PackedWeights& w, const PackedActs& x, int64_t g0, int64_t g1, int64_t t0, int64_t t1,
                         float* y) {
-  with_layout(w.source, [&]<bool kNib, bool kPlane, int kSub, bool kMins>() {
+  with_layout(w.source, [&]<bool kNib, int kPlanes, int kSub, bool kMins>() {
     if constexpr (kSub == 0 && !kMins) {
-      if (w.sb == 1) return run_one_block<kNib, kPlane>(w, x, g0, g1, t0, t1, y);
+      if (w.sb == 1) return run_one_block<kNib, kPlanes>(w, x, g0, g1, t0, t1, y);
     }
-    run<kNib, kPlane, kSub, kMins>(w, x, g0, g1, t0, t1, y);
+    run<kNib, kPlanes, kSub, kMins>(w, x, g0, g1, t0, t1, y);
   });
 }
 

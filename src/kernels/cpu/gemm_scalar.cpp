@@ -12,10 +12,14 @@ int value_at(const PackedWeights& w, const uint8_t* blk, int r, int k) {
   if (!w.nibbles) return blk[k4 * 64 + 4 * r + i];
   const uint8_t byte = blk[(k4 % 4) * 64 + 4 * r + i];
   const int low = k4 < 4 ? byte & 0x0F : byte >> 4;
-  if (!w.plane) return low;
   const int j = 4 * r + i;  // byte j of vector k4
-  const int fifth = w.plane_by_value ? blk[256 + j] >> k4 : blk[256 + 8 * k4 + j / 8] >> (j % 8);
-  return low | ((fifth & 1) << 4);
+  int v = low;
+  for (int p = 0; p < w.planes; ++p) {  // plane p holds bit 4 + p
+    const uint8_t* plane = blk + 256 + 64 * p;
+    const int bit = w.plane_by_value ? plane[j] >> k4 : plane[8 * k4 + j / 8] >> (j % 8);
+    v |= (bit & 1) << (4 + p);
+  }
+  return v;
 }
 
 float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int64_t t) {

@@ -24,19 +24,21 @@ struct BlockMeta {
 // How a GGUF type maps onto the packed layout (packed.h).
 struct TypeLayout {
   DType type;
-  bool nibbles, plane, has_sub, split, mins;
+  bool nibbles;
+  int planes;  // bit planes above the nibbles
+  bool has_sub, split, mins;
   int offset;  // u = q + offset, q as tensor/blocks.h unpacks it
 };
 
 constexpr TypeLayout kLayouts[] = {
-    {DType::Q4_0, true, false, false, false, false, 8},   {DType::Q4_1, true, false, false, false, true, 0},
-    {DType::Q5_0, true, true, false, false, false, 16},   {DType::Q5_1, true, true, false, false, true, 0},
-    {DType::Q8_0, false, false, false, false, false, 128}, {DType::Q2_K, true, false, true, true, true, 0},
-    {DType::Q3_K, true, false, true, true, false, 4},     {DType::Q4_K, true, false, true, false, true, 0},
-    {DType::Q5_K, true, true, true, false, true, 0},      {DType::Q6_K, false, false, true, true, false, 32},
-    {DType::IQ4_NL, false, false, false, false, false, 128},
+    {DType::Q4_0, true, 0, false, false, false, 8},    {DType::Q4_1, true, 0, false, false, true, 0},
+    {DType::Q5_0, true, 1, false, false, false, 16},   {DType::Q5_1, true, 1, false, false, true, 0},
+    {DType::Q8_0, false, 0, false, false, false, 128}, {DType::Q2_K, true, 0, true, true, true, 0},
+    {DType::Q3_K, true, 0, true, true, false, 4},      {DType::Q4_K, true, 0, true, false, true, 0},
+    {DType::Q5_K, true, 1, true, false, true, 0},      {DType::Q6_K, true, 2, true, true, false, 32},
+    {DType::IQ4_NL, false, 0, false, false, false, 128},
     // MXFP4's values -12..12 fit 5 bits with an offset of 12: the Q5_0 layout, its scale a float.
-    {DType::MXFP4, true, true, false, false, false, 12},
+    {DType::MXFP4, true, 1, false, false, false, 12},
 };
 
 const TypeLayout* layout_of(DType t) {
@@ -47,7 +49,7 @@ const TypeLayout* layout_of(DType t) {
 
 // One GGUF block of a row: its values into u (unsigned, offset added) and the meta of its blocks of 32.
 void unpack_unit(const TypeLayout& l, const uint8_t* src, uint8_t* u, BlockMeta* m) {
-  const int max_u = l.nibbles ? (l.plane ? 31 : 15) : 255;
+  const int max_u = l.nibbles ? (16 << l.planes) - 1 : 255;
   auto put = [&](const int8_t* q, int n) {
     bool fits = true;
     for (int i = 0; i < n; ++i) {
@@ -87,13 +89,15 @@ void place_row(PackedWeights& p, int64_t g, int r, const uint8_t* u) {
     }
     for (int j = 0; j < 4; ++j)
       for (int i = 0; i < 4; ++i) dst[j * 64 + 4 * r + i] = uint8_t((v[4 * j + i] & 0x0F) | ((v[4 * (j + 4) + i] & 0x0F) << 4));
-    if (!p.plane) continue;
-    for (int k4 = 0; k4 < 8; ++k4)
-      for (int i = 0; i < 4; ++i) {  // row r's 4 bytes of vector k4 are its bytes j = 4r .. 4r+3
-        const int j = 4 * r + i, bit = (v[4 * k4 + i] >> 4) & 1;
-        if (p.plane_by_value) dst[256 + j] |= uint8_t(bit << k4);
-        else dst[256 + 8 * k4 + j / 8] |= uint8_t(bit << (j % 8));
-      }
+    for (int pl = 0; pl < p.planes; ++pl) {  // plane pl holds bit 4 + pl
+      uint8_t* plane = dst + 256 + 64 * pl;
+      for (int k4 = 0; k4 < 8; ++k4)
+        for (int i = 0; i < 4; ++i) {  // row r's 4 bytes of vector k4 are its bytes j = 4r .. 4r+3
+          const int j = 4 * r + i, bit = (v[4 * k4 + i] >> (4 + pl)) & 1;
+          if (p.plane_by_value) plane[j] |= uint8_t(bit << k4);
+          else plane[8 * k4 + j / 8] |= uint8_t(bit << (j % 8));
+        }
+    }
   }
 }
 
@@ -136,9 +140,9 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w, PlaneLa
   check(w.cols % unit == 0, "packed weights need whole blocks");
   auto p = std::make_shared<PackedWeights>();
   p->source = w.type;
-  p->nibbles = l->nibbles, p->plane = l->plane, p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
+  p->nibbles = l->nibbles, p->planes = l->planes, p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
   if (plane == PlaneLayout::ForThisCpu) plane = detected_isa() >= Isa::Avx512 ? PlaneLayout::StepMasks : PlaneLayout::ValueBytes;
-  p->plane_by_value = l->plane && plane == PlaneLayout::ValueBytes;
+  p->plane_by_value = l->planes > 0 && plane == PlaneLayout::ValueBytes;
   p->offset = l->offset, p->sb = int(unit / kPackBlock);
   p->rows = w.rows, p->cols = w.cols;
   p->n_groups = (w.rows + kPackRows - 1) / kPackRows, p->n_blocks = w.cols / kPackBlock, p->n_super = w.cols / unit;

@@ -6,9 +6,9 @@
 // activation bytes adds 4 products to each of the 16 rows' sums. Types of up to 4 bits keep two values
 // per byte (256 bytes per group and block: vector j carries k4 = j in its low nibbles, k4 = j + 4 in
 // its high nibbles). 5-bit types add a bit plane after the nibbles, 64 bytes in one of two orders
-// (PlaneLayout below; 320 bytes per group and block). 6- and 8-bit types keep
-// one value per byte (512 bytes). Every value is unsigned (u); the type's meaning is restored by an
-// offset, integer sub-scales and mins.
+// (PlaneLayout below; 320 bytes per group and block), and 6-bit types two (bit 4, then bit 5; 384
+// bytes). 8-bit types keep one value per byte (512 bytes). Every value is unsigned (u); the type's
+// meaning is restored by an offset, integer sub-scales and mins.
 //
 // Blocks form super-blocks of `sb` blocks (1, or 8 for the k-quants, whose GGUF blocks hold 256
 // values) with one float scale (and float min scale) per (row, super-block). Inside a super-block the
@@ -52,10 +52,10 @@ using WeightsDeleter = HugeDeleter;
 inline HugeBuffer alloc_weights(size_t bytes) { return alloc_huge(bytes); }
 using serval::kHugePage;
 
-// The order of a block's 64 bytes of fifth bits (5-bit types). Both hold, for each step k4 and each
-// byte j of vector k4, the fifth bit of that value:
+// The order of a block's 64 bytes of fifth bits (5-bit types; 6-bit types have a second plane of sixth
+// bits in the same order). Both hold, for each step k4 and each byte j of vector k4, that value's bit:
 //  - StepMasks: 8 64-bit masks, bit j of mask k4. AVX-512 and AMX load a mask into a mask register
-//    and add 16 under it: one operation per vector.
+//    and add 16 (32 for the sixth bits) under it: one operation per vector and plane.
 //  - ValueBytes: 64 bytes, bit k4 of byte j. AVX2 has no mask registers; it loads a half's 32 bytes
 //    once per block and takes step k4's bits with a shift and an AND (2 operations per vector, against
 //    5 to spread a mask's bits into bytes).
@@ -66,7 +66,7 @@ enum class PlaneLayout { ForThisCpu, StepMasks, ValueBytes };
 struct PackedWeights {
   DType source = DType::F32;  // the GGUF type the values came from
   bool nibbles = false;       // two values of up to 4 bits per byte; otherwise one byte per value
-  bool plane = false;         // with nibbles: a fifth bit per value in a bit plane
+  int planes = 0;             // with nibbles: bit planes above them (1: a fifth bit per value, 2: a sixth too)
   bool plane_by_value = false;  // the plane is in PlaneLayout::ValueBytes order (else StepMasks)
   bool has_sub = false;       // integer sub-scales inside a super-block (k-quants)
   bool split = false;         // sub-scales and mins per 16-value half rather than per block
@@ -81,7 +81,7 @@ struct PackedWeights {
   std::vector<int8_t> min;                    // [group][block][halves()][16] when mins
 
   int halves() const { return split ? 2 : 1; }
-  size_t block_bytes() const { return nibbles ? (plane ? 320 : 256) : 512; }
+  size_t block_bytes() const { return nibbles ? 256 + 64 * size_t(planes) : 512; }
   const uint8_t* block(int64_t g, int64_t b) const { return q.get() + (g * n_blocks + b) * block_bytes(); }
   // Offsets of a (group, block)'s 16 x halves() sub-scales or mins, and of a (group, super)'s floats.
   size_t int_index(int64_t g, int64_t b) const { return size_t(g * n_blocks + b) * kPackRows * halves(); }
@@ -118,22 +118,23 @@ void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t*
 // The same at the AVX2 level.
 void quantize_act_row_avx2(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums);
 
-// Calls f.template operator()<kNib, kPlane, kSub, kMins>() with the compile-time layout of a packed
-// type (the table in packed.cpp; kSub: 0 no sub-scales, 1 one per block, 2 one per half), so each SIMD
+// Calls f.template operator()<kNib, kPlanes, kSub, kMins>() with the compile-time layout of a packed
+// type (the table in packed.cpp; kPlanes: bit planes above the nibbles; kSub: 0 no sub-scales, 1 one
+// per block, 2 one per half), so each SIMD
 // level instantiates its kernel once per layout from one list. Types pack_weights does not pack abort.
 template <class F>
 void with_layout(DType t, F&& f) {
   switch (t) {
-    case DType::Q4_0: return f.template operator()<true, false, 0, false>();
-    case DType::Q4_1: return f.template operator()<true, false, 0, true>();
-    case DType::Q5_0: case DType::MXFP4: return f.template operator()<true, true, 0, false>();
-    case DType::Q5_1: return f.template operator()<true, true, 0, true>();
-    case DType::Q8_0: case DType::IQ4_NL: return f.template operator()<false, false, 0, false>();
-    case DType::Q2_K: return f.template operator()<true, false, 2, true>();
-    case DType::Q3_K: return f.template operator()<true, false, 2, false>();
-    case DType::Q4_K: return f.template operator()<true, false, 1, true>();
-    case DType::Q5_K: return f.template operator()<true, true, 1, true>();
-    case DType::Q6_K: return f.template operator()<false, false, 2, false>();
+    case DType::Q4_0: return f.template operator()<true, 0, 0, false>();
+    case DType::Q4_1: return f.template operator()<true, 0, 0, true>();
+    case DType::Q5_0: case DType::MXFP4: return f.template operator()<true, 1, 0, false>();
+    case DType::Q5_1: return f.template operator()<true, 1, 0, true>();
+    case DType::Q8_0: case DType::IQ4_NL: return f.template operator()<false, 0, 0, false>();
+    case DType::Q2_K: return f.template operator()<true, 0, 2, true>();
+    case DType::Q3_K: return f.template operator()<true, 0, 2, false>();
+    case DType::Q4_K: return f.template operator()<true, 0, 1, true>();
+    case DType::Q5_K: return f.template operator()<true, 1, 1, true>();
+    case DType::Q6_K: return f.template operator()<true, 2, 2, false>();
     default: std::abort();
   }
 }
@@ -144,9 +145,9 @@ void with_layout(DType t, F&& f) {
 // with AVX2 (docs/kernels.md); 1 and 4 KiB were no better, 8 KiB worse.
 constexpr int64_t kPrefetchBytes = 2048;
 
-template <bool kNib, bool kPlane>
+template <bool kNib, int kPlanes>
 inline void prefetch_ahead(const uint8_t* blk) {
-  constexpr int kLines = kNib ? (kPlane ? 5 : 4) : 8;  // PackedWeights::block_bytes() / 64
+  constexpr int kLines = kNib ? 4 + kPlanes : 8;  // PackedWeights::block_bytes() / 64
   // An address, not a pointer into the weights: near their end it lies past them (a prefetch never faults).
   const uintptr_t ahead = reinterpret_cast<uintptr_t>(blk) + kPrefetchBytes;
   for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * l), _MM_HINT_T0);
