@@ -257,6 +257,7 @@ TEST(PackedGemm, PackedSizePerWeightIsTheLayoutsArithmetic) {
       {DType::Q4_0, 4 + 32.0 / 32}, {DType::Q5_0, 5 + 32.0 / 32}, {DType::Q8_0, 8 + 32.0 / 32},
       {DType::Q4_K, 4 + 8.0 / 32 + 8.0 / 32 + 64.0 / 256}, {DType::Q5_K, 5 + 8.0 / 32 + 8.0 / 32 + 64.0 / 256},
       {DType::Q6_K, 6 + 16.0 / 32 + 32.0 / 256}, {DType::Q3_K, 4 + 16.0 / 32 + 32.0 / 256},
+      {DType::MXFP4, 4 + 32.0 / 32},
   };
   for (const auto& c : kCases) {
     const int64_t rows = 64, cols = 4 * 256;
@@ -264,6 +265,11 @@ TEST(PackedGemm, PackedSizePerWeightIsTheLayoutsArithmetic) {
     ASSERT_TRUE(m.w.packed) << dtype_info(c.t).name;
     EXPECT_DOUBLE_EQ(double(m.w.packed->bytes()) * 8 / double(rows * cols), c.bits) << dtype_info(c.t).name;
   }
+}
+
+// The kernels' MXFP4 table is MXFP4's values (tensor/blocks.h, as ggml defines them) plus the offset.
+TEST(PackedGemm, Fp4TableIsMxfp4sValuesPlusTheOffset) {
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(int(cpu::kFp4Table[c]), mxfp4_values()[c] + 12) << "code " << c;
 }
 
 TEST(PackedGemm, UnpackableTypesAreLeftAsTheyAre) {

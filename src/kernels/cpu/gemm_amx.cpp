@@ -78,6 +78,11 @@ void widen_block(const uint8_t* blk, int offset, uint8_t* out) {
   for (int j = 0; j < 4; ++j) {
     const __m512i raw = _mm512_load_si512(blk + 64 * j);
     __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    if constexpr (kPlanes == kFp4Codes) {  // codes to values (packed.h)
+      const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kFp4Table)));
+      lo = _mm512_shuffle_epi8(table, lo);
+      hi = _mm512_shuffle_epi8(table, hi);
+    }
     for (int p = 0; p < kPlanes; ++p) {  // plane p: bit 4 + p (StepMasks order)
       const __m512i bit = _mm512_set1_epi8(char(0x10 << p));
       __mmask64 mlo, mhi;

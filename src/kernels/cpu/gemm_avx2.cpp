@@ -28,10 +28,11 @@ inline __m256i bcast4(const int8_t* p) {
 // |u - 128| times sign-moved activations for Q8_0) are added in 16 bits before VPMADDWD widens them.
 // Activations are at most 127 in magnitude (128 is allowed for here), so one result is at most
 // 2 * max(u) * 128: 4-bit values 3840 (8 add up to 30720), 5-bit 7936 (4: 31744), 6-bit 16128
-// (2: 32256), all below 32768; signed 8-bit products reach 32512 alone. The integer sums are exact, so
+// (2: 32256), MXFP4's values (at most 24) 6144 (4: 24576), all below 32768; signed 8-bit products
+// reach 32512 alone. The integer sums are exact, so
 // the chains do not change a bit.
 template <bool kNib, int kPlanes, bool kSigned>
-constexpr int kChain = kSigned ? 1 : !kNib || kPlanes == 2 ? 2 : kPlanes == 1 ? 4 : 8;
+constexpr int kChain = kSigned ? 1 : !kNib || kPlanes == 2 ? 2 : kPlanes == 1 || kPlanes == kFp4Codes ? 4 : 8;
 
 // 32 bits of a StepMasks plane as 32 bytes: `bit` (0x10 or 0x20) where the bit is set, 0 elsewhere.
 inline __m256i plane_bits(const uint8_t* p, char bit_value) {
@@ -67,6 +68,8 @@ inline __m256i load_step(const uint8_t* blk, int h, int k4) {
   if constexpr (!kNib) return raw;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i v = _mm256_and_si256(k4 < 4 ? raw : _mm256_srli_epi16(raw, 4), low4);
+  if constexpr (kPlanes == kFp4Codes)  // codes to values (packed.h)
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kFp4Table))), v);
   for (int p = 0; p < kPlanes; ++p) {  // plane p: bit 4 + p
     const uint8_t* plane = blk + 256 + 64 * p;
     if constexpr (kByValue)  // the same 32 bytes for every step: loaded once when unrolled

@@ -29,6 +29,10 @@ inline void load_block(const uint8_t* blk, __m512i* v) {
       v[j] = _mm512_and_si512(raw, low4);
       v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     }
+    if constexpr (kPlanes == kFp4Codes) {  // codes to values: one shuffle per vector (packed.h)
+      const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kFp4Table)));
+      for (int k4 = 0; k4 < 8; ++k4) v[k4] = _mm512_shuffle_epi8(table, v[k4]);
+    }
     for (int p = 0; p < kPlanes; ++p) {  // plane p: bit 4 + p, not set yet, so adding it sets it
       const __m512i bit = _mm512_set1_epi8(char(0x10 << p));
       for (int k4 = 0; k4 < 8; ++k4) {

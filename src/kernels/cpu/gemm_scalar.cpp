@@ -12,6 +12,7 @@ int value_at(const PackedWeights& w, const uint8_t* blk, int r, int k) {
   if (!w.nibbles) return blk[k4 * 64 + 4 * r + i];
   const uint8_t byte = blk[(k4 % 4) * 64 + 4 * r + i];
   const int low = k4 < 4 ? byte & 0x0F : byte >> 4;
+  if (w.fp4_codes) return kFp4Table[low];
   const int j = 4 * r + i;  // byte j of vector k4
   int v = low;
   for (int p = 0; p < w.planes; ++p) {  // plane p holds bit 4 + p

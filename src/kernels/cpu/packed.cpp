@@ -25,7 +25,7 @@ struct BlockMeta {
 struct TypeLayout {
   DType type;
   bool nibbles;
-  int planes;  // bit planes above the nibbles
+  int planes;  // bit planes above the nibbles, or kFp4Codes (packed.h)
   bool has_sub, split, mins;
   int offset;  // u = q + offset, q as tensor/blocks.h unpacks it
 };
@@ -37,8 +37,8 @@ constexpr TypeLayout kLayouts[] = {
     {DType::Q3_K, true, 0, true, true, false, 4},      {DType::Q4_K, true, 0, true, false, true, 0},
     {DType::Q5_K, true, 1, true, false, true, 0},      {DType::Q6_K, true, 2, true, true, false, 32},
     {DType::IQ4_NL, false, 0, false, false, false, 128},
-    // MXFP4's values -12..12 fit 5 bits with an offset of 12: the Q5_0 layout, its scale a float.
-    {DType::MXFP4, true, 1, false, false, false, 12},
+    // MXFP4's values -12..12 with an offset of 12, kept as their 4-bit codes (kFp4Table), a float scale.
+    {DType::MXFP4, true, kFp4Codes, false, false, false, 12},
 };
 
 const TypeLayout* layout_of(DType t) {
@@ -49,7 +49,7 @@ const TypeLayout* layout_of(DType t) {
 
 // One GGUF block of a row: its values into u (unsigned, offset added) and the meta of its blocks of 32.
 void unpack_unit(const TypeLayout& l, const uint8_t* src, uint8_t* u, BlockMeta* m) {
-  const int max_u = l.nibbles ? (16 << l.planes) - 1 : 255;
+  const int max_u = !l.nibbles ? 255 : l.planes == kFp4Codes ? 24 : (16 << l.planes) - 1;
   auto put = [&](const int8_t* q, int n) {
     bool fits = true;
     for (int i = 0; i < n; ++i) {
@@ -75,6 +75,17 @@ void unpack_unit(const TypeLayout& l, const uint8_t* src, uint8_t* u, BlockMeta*
       const int s = b.sub_len == 16 ? 2 * j + h : j;  // sub-blocks of 16 (split) or 32
       m[j].sub[h] = b.scale[s], m[j].min[h] = b.min[s];
     }
+  }
+}
+
+// MXFP4's unsigned values (0..24) as their codes in kFp4Table (0 as code 0, not 8).
+void to_fp4_codes(uint8_t* u, int64_t n) {
+  int code_of[25];
+  std::fill(std::begin(code_of), std::end(code_of), -1);
+  for (int c = 15; c >= 0; --c) code_of[kFp4Table[c]] = c;
+  for (int64_t i = 0; i < n; ++i) {
+    check(u[i] <= 24 && code_of[u[i]] >= 0, "internal: an MXFP4 value has no code");
+    u[i] = uint8_t(code_of[u[i]]);
   }
 }
 
@@ -111,6 +122,7 @@ void pack_group(const WeightMatrix& w, const TypeLayout& l, PackedWeights& p, in
     const uint8_t* src = w.data + row * w.row_stride;
     for (int64_t b = 0; b < p.n_blocks; b += unit_blocks)
       unpack_unit(l, src + (b / unit_blocks) * unit_bytes, u.data() + b * kPackBlock, meta.data() + b);
+    if (p.fp4_codes) to_fp4_codes(u.data(), p.cols);
     place_row(p, g, r, u.data());
     for (int64_t b = 0; b < p.n_blocks; ++b) {
       const size_t f = p.super_index(g, b / p.sb) + r;
@@ -140,7 +152,7 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w, PlaneLa
   check(w.cols % unit == 0, "packed weights need whole blocks");
   auto p = std::make_shared<PackedWeights>();
   p->source = w.type;
-  p->nibbles = l->nibbles, p->planes = l->planes, p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
+  p->nibbles = l->nibbles, p->planes = std::max(l->planes, 0), p->fp4_codes = l->planes == kFp4Codes, p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
   if (plane == PlaneLayout::ForThisCpu) plane = detected_isa() >= Isa::Avx512 ? PlaneLayout::StepMasks : PlaneLayout::ValueBytes;
   p->plane_by_value = l->planes > 0 && plane == PlaneLayout::ValueBytes;
   p->offset = l->offset, p->sb = int(unit / kPackBlock);

@@ -63,10 +63,17 @@ using serval::kHugePage;
 // otherwise. The scalar and AVX2 levels read both; AVX-512 and AMX read StepMasks only.
 enum class PlaneLayout { ForThisCpu, StepMasks, ValueBytes };
 
+// MXFP4 (gpt-oss's experts) keeps its 4-bit codes as nibbles, and the kernels look each code's
+// unsigned value up here with one byte shuffle per vector: MXFP4's values (doubled E2M1, -12..12,
+// tensor/blocks.h) plus the offset 12. Its kPlanes in with_layout is kFp4Codes (no planes).
+inline constexpr uint8_t kFp4Table[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+constexpr int kFp4Codes = -1;
+
 struct PackedWeights {
   DType source = DType::F32;  // the GGUF type the values came from
   bool nibbles = false;       // two values of up to 4 bits per byte; otherwise one byte per value
   int planes = 0;             // with nibbles: bit planes above them (1: a fifth bit per value, 2: a sixth too)
+  bool fp4_codes = false;     // with nibbles: each is an MXFP4 code, whose value kFp4Table gives
   bool plane_by_value = false;  // the plane is in PlaneLayout::ValueBytes order (else StepMasks)
   bool has_sub = false;       // integer sub-scales inside a super-block (k-quants)
   bool split = false;         // sub-scales and mins per 16-value half rather than per block
@@ -119,15 +126,16 @@ void quantize_act_row_avx512(bool k_quant, const float* x, int64_t cols, int8_t*
 void quantize_act_row_avx2(bool k_quant, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums);
 
 // Calls f.template operator()<kNib, kPlanes, kSub, kMins>() with the compile-time layout of a packed
-// type (the table in packed.cpp; kPlanes: bit planes above the nibbles; kSub: 0 no sub-scales, 1 one
-// per block, 2 one per half), so each SIMD
+// type (the table in packed.cpp; kPlanes: bit planes above the nibbles, or kFp4Codes; kSub: 0 no
+// sub-scales, 1 one per block, 2 one per half), so each SIMD
 // level instantiates its kernel once per layout from one list. Types pack_weights does not pack abort.
 template <class F>
 void with_layout(DType t, F&& f) {
   switch (t) {
     case DType::Q4_0: return f.template operator()<true, 0, 0, false>();
     case DType::Q4_1: return f.template operator()<true, 0, 0, true>();
-    case DType::Q5_0: case DType::MXFP4: return f.template operator()<true, 1, 0, false>();
+    case DType::Q5_0: return f.template operator()<true, 1, 0, false>();
+    case DType::MXFP4: return f.template operator()<true, kFp4Codes, 0, false>();
     case DType::Q5_1: return f.template operator()<true, 1, 0, true>();
     case DType::Q8_0: case DType::IQ4_NL: return f.template operator()<false, 0, 0, false>();
     case DType::Q2_K: return f.template operator()<true, 0, 2, true>();
@@ -147,7 +155,7 @@ constexpr int64_t kPrefetchBytes = 2048;
 
 template <bool kNib, int kPlanes>
 inline void prefetch_ahead(const uint8_t* blk) {
-  constexpr int kLines = kNib ? 4 + kPlanes : 8;  // PackedWeights::block_bytes() / 64
+  constexpr int kLines = kNib ? 4 + (kPlanes > 0 ? kPlanes : 0) : 8;  // PackedWeights::block_bytes() / 64
   // An address, not a pointer into the weights: near their end it lies past them (a prefetch never faults).
   const uintptr_t ahead = reinterpret_cast<uintptr_t>(blk) + kPrefetchBytes;
   for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * l), _MM_HINT_T0);
