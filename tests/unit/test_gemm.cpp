@@ -257,7 +257,7 @@ TEST(PackedGemm, PackedSizePerWeightIsTheLayoutsArithmetic) {
       {DType::Q4_0, 4 + 32.0 / 32}, {DType::Q5_0, 5 + 32.0 / 32}, {DType::Q8_0, 8 + 32.0 / 32},
       {DType::Q4_K, 4 + 8.0 / 32 + 8.0 / 32 + 64.0 / 256}, {DType::Q5_K, 5 + 8.0 / 32 + 8.0 / 32 + 64.0 / 256},
       {DType::Q6_K, 6 + 16.0 / 32 + 32.0 / 256}, {DType::Q3_K, 4 + 16.0 / 32 + 32.0 / 256},
-      {DType::MXFP4, 4 + 32.0 / 32},
+      {DType::MXFP4, 4 + 8.0 / 32},
   };
   for (const auto& c : kCases) {
     const int64_t rows = 64, cols = 4 * 256;
@@ -270,6 +270,42 @@ TEST(PackedGemm, PackedSizePerWeightIsTheLayoutsArithmetic) {
 // The kernels' MXFP4 table is MXFP4's values (tensor/blocks.h, as ggml defines them) plus the offset.
 TEST(PackedGemm, Fp4TableIsMxfp4sValuesPlusTheOffset) {
   for (int c = 0; c < 16; ++c) EXPECT_EQ(int(cpu::kFp4Table[c]), mxfp4_values()[c] + 12) << "code " << c;
+}
+
+// MXFP4 keeps its E8M0 scale bytes, and every level turns them into e8m0_half's floats: a matrix whose
+// rows take every exponent 0..255 in turn (denormal, normal, the largest) against one token, at every
+// level, bitwise against the scalar level and within the reference's bound. One value per row is set
+// (code 2: 1.0 doubled), so each output is that value times the scale times the activation, and the
+// finite ones are checked against e8m0_half directly.
+TEST(PackedGemm, Mxfp4ScalesOfEveryExponentAtEveryLevel) {
+  IsaGuard guard;
+  const int64_t rows = 256, cols = 32;
+  std::vector<uint8_t> bytes(size_t(rows) * 17, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    bytes[size_t(r) * 17] = uint8_t(r);        // the exponent
+    bytes[size_t(r) * 17 + 1] = 0x02;          // value 0: code 2 (1.0, doubled: 2); the rest code 0
+  }
+  WeightMatrix w{DType::MXFP4, rows, cols, bytes.data(), 17};
+  w.packed = cpu::pack_weights(w);
+  ASSERT_EQ(w.packed->scale_e8m0.size(), size_t(rows)) << "one byte per row and block";
+  std::vector<float> x(cols, 0.0f);
+  x[0] = 1.0f;  // quantized to 127 with a scale of 1/127
+  std::vector<float> scalar;
+  for (cpu::Isa level : kLevels) {
+    if (int(level) > int(cpu::detected_isa())) continue;
+    cpu::force_isa(level);
+    std::vector<float> got(rows);
+    cpu::matmul(w, x.data(), got.data(), 1);
+    if (level == cpu::Isa::Scalar) {
+      scalar = got;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double want = 2.0 * double(e8m0_half(uint8_t(r)));  // times x = 127 * (1/127 as F16)
+        EXPECT_NEAR(got[r], want, std::abs(want) * 1e-3 + 1e-44) << "exponent " << r;
+      }
+    } else {
+      EXPECT_EQ(got, scalar) << cpu::isa_name(level);
+    }
+  }
 }
 
 TEST(PackedGemm, UnpackableTypesAreLeftAsTheyAre) {

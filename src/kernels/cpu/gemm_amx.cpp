@@ -160,7 +160,7 @@ inline void finish_super(const PackedWeights& w, const PackedActs& x, int64_t g,
                          __m512i* isum, __m512* acc) {
   const int64_t nb = w.n_blocks;
   const size_t f = w.super_index(g, sup);
-  const __m512 sc = _mm512_loadu_ps(w.scale.data() + f);
+  const __m512 sc = group_scales16(w, f);
   for (int t = 0; t < nt; ++t) {
     const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
     acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
@@ -184,12 +184,12 @@ inline void finish_super(const PackedWeights& w, const PackedActs& x, int64_t g,
 // Block b's sums (s: [half][token][row]) for nt tokens of one tile: into the super-block's integer sums,
 // or, for one-block super-blocks without sub-scales or mins (Q8_0, Q4_0, Q5_0, IQ4_NL; kDirect), straight
 // into the float accumulators: there I = S, so fma(scale * xd, float(S), acc) is packed.h's operation.
-// `sc` is the group's scales of block b's super-block, `xd` the first token's activation scale of it.
+// `f` indexes the group's scales of block b's super-block, `xd` the first token's activation scale of it.
 template <int kSub, bool kDirect>
-inline void fold_block(const PackedWeights& w, int64_t g, int64_t b, const float* sc, const float* xd, int nt,
+inline void fold_block(const PackedWeights& w, int64_t g, int64_t b, size_t f, const float* xd, int nt,
                        const int32_t (*s)[kTileTokens][16], __m512i* isum, __m512* acc) {
   if constexpr (kDirect) {
-    const __m512 scale = _mm512_loadu_ps(sc);
+    const __m512 scale = group_scales16(w, f);
     const int64_t nb = w.n_blocks;
     for (int t = 0; t < nt; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd[t * nb])),
@@ -235,7 +235,7 @@ void tile16(const PackedWeights& w, const PackedActs& x, const uint8_t* wq, int6
       } else {
         _tile_stored(0, s[0], 64);
       }
-      fold_block<kSub, kDirect>(w, g, b, w.scale.data() + w.super_index(g, b), x.d.data() + t0 * nb + b, nt, s,
+      fold_block<kSub, kDirect>(w, g, b, w.super_index(g, b), x.d.data() + t0 * nb + b, nt, s,
                                 isum, acc);
     }
     if constexpr (!kDirect) finish_super<kMins>(w, x, g, sup, t0, nt, isum, acc);
@@ -290,7 +290,7 @@ void quad16(const PackedWeights& w, const PackedActs& x, const uint8_t* wq0, con
       if (b + 1 < nb) issue4(b + 1);
       for (int c = 0; c < 4; ++c) {
         const int64_t gc = g + c / 2, tc = t0 + kTileTokens * (c % 2);
-        fold_block<kSub, kDirect>(w, gc, b, w.scale.data() + w.super_index(gc, b), x.d.data() + tc * nb + b, nt[c],
+        fold_block<kSub, kDirect>(w, gc, b, w.super_index(gc, b), x.d.data() + tc * nb + b, nt[c],
                                   s[c], isum[c], acc[c]);
       }
     }

@@ -204,7 +204,7 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
       }
     }
     const size_t f = w.super_index(g, sup) + 8 * h;
-    const __m256 sc = _mm256_loadu_ps(w.scale.data() + f);
+    const __m256 sc = group_scales8(w, f);
     for (int t = 0; t < NT; ++t) {
       const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(isum[t]), acc[t]);
@@ -243,7 +243,7 @@ void tile_half_one_block(const PackedWeights& w, const PackedActs& x, int64_t g,
     __m256i sum[NT];
     start_sums<NT, kSigned>(w, x, t0, b, sum);
     add_block_steps<NT, 0, 8, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, sum);
-    const __m256 sc = _mm256_loadu_ps(w.scale.data() + w.super_index(g, b) + 8 * h);
+    const __m256 sc = group_scales8(w, w.super_index(g, b) + 8 * h);
     for (int t = 0; t < NT; ++t) {
       const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(sum[t]), acc[t]);

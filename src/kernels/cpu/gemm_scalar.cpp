@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/packed.h"
+#include "tensor/blocks.h"
 
 namespace serval::cpu {
 namespace {
@@ -43,7 +44,8 @@ float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int
     }
     const size_t f = w.super_index(g, sup) + r;
     const float d = xd[sup * w.sb];
-    acc = std::fma(w.scale[f] * d, float(isum), acc);
+    const float sc = w.scale_e8m0.empty() ? w.scale[f] : e8m0_half(w.scale_e8m0[f]);
+    acc = std::fma(sc * d, float(isum), acc);
     if (w.mins) acc = std::fma(w.neg_min[f] * d, float(msum), acc);
   }
   return acc;

@@ -78,6 +78,15 @@ void unpack_unit(const TypeLayout& l, const uint8_t* src, uint8_t* u, BlockMeta*
   }
 }
 
+// The E8M0 byte whose e8m0_half is `d` (an MXFP4 block's scale as unpack_block32 gives it).
+uint8_t e8m0_of(float d) {
+  uint32_t bits;
+  std::memcpy(&bits, &d, 4);
+  const uint32_t e = bits >= 0x800000 ? (bits >> 23) + 1 : bits == 0x400000 ? 1 : 0;
+  check(e <= 255 && e8m0_half(uint8_t(e)) == d, "internal: an MXFP4 scale is not a power of two E8M0 holds");
+  return uint8_t(e);
+}
+
 // MXFP4's unsigned values (0..24) as their codes in kFp4Table (0 as code 0, not 8).
 void to_fp4_codes(uint8_t* u, int64_t n) {
   int code_of[25];
@@ -126,7 +135,8 @@ void pack_group(const WeightMatrix& w, const TypeLayout& l, PackedWeights& p, in
     place_row(p, g, r, u.data());
     for (int64_t b = 0; b < p.n_blocks; ++b) {
       const size_t f = p.super_index(g, b / p.sb) + r;
-      p.scale[f] = meta[b].scale;
+      if (p.fp4_codes) p.scale_e8m0[f] = e8m0_of(meta[b].scale);
+      else p.scale[f] = meta[b].scale;
       if (p.mins) p.neg_min[f] = meta[b].neg_min;
       for (int h = 0; h < p.halves(); ++h) {
         const size_t i = p.int_index(g, b) + h * kPackRows + r;
@@ -140,7 +150,8 @@ void pack_group(const WeightMatrix& w, const TypeLayout& l, PackedWeights& p, in
 }  // namespace
 
 size_t PackedWeights::bytes() const {
-  return size_t(n_groups * n_blocks) * block_bytes() + scale.size() * 4 + neg_min.size() * 4 + sub.size() + min.size();
+  return size_t(n_groups * n_blocks) * block_bytes() + scale.size() * 4 + scale_e8m0.size() + neg_min.size() * 4 +
+         sub.size() + min.size();
 }
 
 bool packable(DType type) { return layout_of(type) != nullptr; }
@@ -162,8 +173,9 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w, PlaneLa
   p->q = alloc_weights(q_bytes);
   check(p->q != nullptr, "out of memory packing weights");
   if (p->q.get_deleter().mapped == 0) std::memset(p->q.get(), 0, q_bytes);  // a fresh mapping is zero already
-  p->scale.assign(size_t(p->n_groups * p->n_super) * kPackRows, 0.0f);
-  if (p->mins) p->neg_min.assign(p->scale.size(), 0.0f);
+  if (p->fp4_codes) p->scale_e8m0.assign(size_t(p->n_groups * p->n_super) * kPackRows, 0);  // padding: 2^-128
+  else p->scale.assign(size_t(p->n_groups * p->n_super) * kPackRows, 0.0f);
+  if (p->mins) p->neg_min.assign(p->scale.size(), 0.0f);  // no type with mins is MXFP4
   const size_t n_int = size_t(p->n_groups * p->n_blocks) * kPackRows * p->halves();
   if (p->has_sub) p->sub.assign(n_int, 0);
   if (p->mins) p->min.assign(n_int, 0);

@@ -30,6 +30,9 @@
 #include <memory>
 #include <vector>
 #include <xmmintrin.h>  // _mm_prefetch: SSE, every x86-64
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "base/huge_pages.h"
 
@@ -82,7 +85,8 @@ struct PackedWeights {
   int sb = 1;                 // blocks per super-block
   int64_t rows = 0, cols = 0, n_groups = 0, n_blocks = 0, n_super = 0;
   std::unique_ptr<uint8_t[], WeightsDeleter> q;  // [group][block][block_bytes()], 64-byte aligned
-  std::vector<float> scale;                   // [group][super][16]
+  std::vector<float> scale;                   // [group][super][16]; empty for MXFP4, which has:
+  std::vector<uint8_t> scale_e8m0;            // [group][block][16] E8M0 bytes, each the scale 2^(e - 128)
   std::vector<float> neg_min;                 // [group][super][16] when mins
   std::vector<int8_t> sub;                    // [group][block][halves()][16] when has_sub
   std::vector<int8_t> min;                    // [group][block][halves()][16] when mins
@@ -146,6 +150,37 @@ void with_layout(DType t, F&& f) {
     default: std::abort();
   }
 }
+
+// MXFP4's scales stay the file's E8M0 bytes (1 byte per 32 values instead of a 4-byte float): e stands
+// for 2^(e - 128) (ggml's doubled values take half its power of two), e8m0_half of tensor/blocks.h, whose
+// bits are (e - 1) << 23 for e >= 2 and the denormals 0x200000 << e for e = 0, 1. Every level makes the
+// same floats: the scalar one calls e8m0_half, the SIMD ones below (internal linkage: each level's file
+// compiles its own with its own flags).
+#if defined(__AVX512F__)
+static inline __m512 e8m0_half16(const uint8_t* e8) {
+  const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e8)));
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+  const __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x200000), e);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, denormal));
+}
+// The 16 float scales of a group's super-block at `f` (PackedWeights::super_index).
+static inline __m512 group_scales16(const PackedWeights& w, size_t f) {
+  return w.scale_e8m0.empty() ? _mm512_loadu_ps(w.scale.data() + f) : e8m0_half16(w.scale_e8m0.data() + f);
+}
+#endif
+#if defined(__AVX2__)
+static inline __m256 e8m0_half8(const uint8_t* e8) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e8)));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+  const __m256i denormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x200000), e);
+  const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, denormal, small));
+}
+// 8 rows' float scales at `f` (PackedWeights::super_index plus the half's first row).
+static inline __m256 group_scales8(const PackedWeights& w, size_t f) {
+  return w.scale_e8m0.empty() ? _mm256_loadu_ps(w.scale.data() + f) : e8m0_half8(w.scale_e8m0.data() + f);
+}
+#endif
 
 // The SIMD levels prefetch a block's weights this far ahead of the block they multiply: 2 KiB, 4 to 8
 // blocks (a group's blocks are contiguous and the next group's follow). The hardware prefetcher alone
