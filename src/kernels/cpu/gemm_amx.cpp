@@ -182,7 +182,7 @@ inline void finish_super(const PackedWeights& w, const PackedActs& x, int64_t g,
 }
 
 // Block b's sums (s: [half][token][row]) for nt tokens of one tile: into the super-block's integer sums,
-// or, for one-block super-blocks without sub-scales or mins (Q8_0, Q4_0, Q5_0, IQ4_NL; kDirect), straight
+// or, for one-block super-blocks without sub-scales or mins (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4; kDirect), straight
 // into the float accumulators: there I = S, so fma(scale * xd, float(S), acc) is packed.h's operation.
 // `f` indexes the group's scales of block b's super-block, `xd` the first token's activation scale of it.
 template <int kSub, bool kDirect>

@@ -37,7 +37,8 @@ constexpr TypeLayout kLayouts[] = {
     {DType::Q3_K, true, 0, true, true, false, 4},      {DType::Q4_K, true, 0, true, false, true, 0},
     {DType::Q5_K, true, 1, true, false, true, 0},      {DType::Q6_K, true, 2, true, true, false, 32},
     {DType::IQ4_NL, false, 0, false, false, false, 128},
-    // MXFP4's values -12..12 with an offset of 12, kept as their 4-bit codes (kFp4Table), a float scale.
+    // MXFP4's values -12..12 with an offset of 12, kept as their 4-bit codes (kFp4Table); its scale stays
+    // the file's E8M0 byte (scale_e8m0).
     {DType::MXFP4, true, kFp4Codes, false, false, false, 12},
 };
 
@@ -163,7 +164,8 @@ std::shared_ptr<const PackedWeights> pack_weights(const WeightMatrix& w, PlaneLa
   check(w.cols % unit == 0, "packed weights need whole blocks");
   auto p = std::make_shared<PackedWeights>();
   p->source = w.type;
-  p->nibbles = l->nibbles, p->planes = std::max(l->planes, 0), p->fp4_codes = l->planes == kFp4Codes, p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
+  p->nibbles = l->nibbles, p->planes = std::max(l->planes, 0), p->fp4_codes = l->planes == kFp4Codes;
+  p->has_sub = l->has_sub, p->split = l->split, p->mins = l->mins;
   if (plane == PlaneLayout::ForThisCpu) plane = detected_isa() >= Isa::Avx512 ? PlaneLayout::StepMasks : PlaneLayout::ValueBytes;
   p->plane_by_value = l->planes > 0 && plane == PlaneLayout::ValueBytes;
   p->offset = l->offset, p->sb = int(unit / kPackBlock);
