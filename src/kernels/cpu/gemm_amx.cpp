@@ -160,7 +160,7 @@ inline void finish_super(const PackedWeights& w, const PackedActs& x, int64_t g,
                          __m512i* isum, __m512* acc) {
   const int64_t nb = w.n_blocks;
   const size_t f = w.super_index(g, sup);
-  const __m512 sc = group_scales16(w, f);
+  const __m512 sc = group_scales16(w, f, w.fp4_codes);
   for (int t = 0; t < nt; ++t) {
     const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
     acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
@@ -189,7 +189,7 @@ template <int kSub, bool kDirect>
 inline void fold_block(const PackedWeights& w, int64_t g, int64_t b, size_t f, const float* xd, int nt,
                        const int32_t (*s)[kTileTokens][16], __m512i* isum, __m512* acc) {
   if constexpr (kDirect) {
-    const __m512 scale = group_scales16(w, f);
+    const __m512 scale = group_scales16(w, f, w.fp4_codes);
     const int64_t nb = w.n_blocks;
     for (int t = 0; t < nt; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd[t * nb])),

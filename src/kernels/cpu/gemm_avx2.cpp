@@ -34,7 +34,7 @@ inline __m256i bcast4(const int8_t* p) {
 template <bool kNib, int kPlanes, bool kSigned>
 constexpr int kChain = kSigned ? 1 : !kNib || kPlanes == 2 ? 2 : kPlanes == 1 || kPlanes == kFp4Codes ? 4 : 8;
 
-// 32 bits of a StepMasks plane as 32 bytes: `bit` (0x10 or 0x20) where the bit is set, 0 elsewhere.
+// 32 bits of a StepMasks plane as 32 bytes: `bit_value` (0x10 or 0x20) where the bit is set, 0 elsewhere.
 inline __m256i plane_bits(const uint8_t* p, char bit_value) {
   int32_t m;
   std::memcpy(&m, p, 4);
@@ -204,7 +204,7 @@ void tile_half(const PackedWeights& w, const PackedActs& x, int64_t g, int h, in
       }
     }
     const size_t f = w.super_index(g, sup) + 8 * h;
-    const __m256 sc = group_scales8(w, f);
+    const __m256 sc = group_scales8(w, f, kPlanes == kFp4Codes);
     for (int t = 0; t < NT; ++t) {
       const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(isum[t]), acc[t]);
@@ -243,7 +243,7 @@ void tile_half_one_block(const PackedWeights& w, const PackedActs& x, int64_t g,
     __m256i sum[NT];
     start_sums<NT, kSigned>(w, x, t0, b, sum);
     add_block_steps<NT, 0, 8, kNib, kPlanes, kSigned, kByValue>(blk, h, x, t0, b, sum);
-    const __m256 sc = group_scales8(w, w.super_index(g, b) + 8 * h);
+    const __m256 sc = group_scales8(w, w.super_index(g, b) + 8 * h, kPlanes == kFp4Codes);
     for (int t = 0; t < NT; ++t) {
       const __m256 xd = _mm256_set1_ps(x.d[(t0 + t) * nb + b]);
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, xd), _mm256_cvtepi32_ps(sum[t]), acc[t]);
@@ -287,7 +287,7 @@ void packed_gemm_avx2(const PackedWeights& w, const PackedActs& x, int64_t g0, i
   // Bytes without sub-scales are Q8_0 (offset 128): multiplied as signed values.
   with_layout(w.source, [&]<bool kNib, int kPlanes, int kSub, bool kMins>() {
     constexpr bool kSigned = !kNib && kSub == 0;
-    if constexpr (kPlanes)
+    if constexpr (kPlanes > 0)
       if (w.plane_by_value) return run<kNib, kPlanes, kSub, kMins, kSigned, true>(w, x, g0, g1, t0, t1, y);
     run<kNib, kPlanes, kSub, kMins, kSigned, false>(w, x, g0, g1, t0, t1, y);
   });

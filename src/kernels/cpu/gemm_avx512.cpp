@@ -111,7 +111,7 @@ void tile(const PackedWeights& w, const PackedActs& x, int64_t g, int64_t t0, fl
       }
     }
     const size_t f = w.super_index(g, sup);
-    const __m512 sc = group_scales16(w, f);
+    const __m512 sc = group_scales16(w, f, kPlanes == kFp4Codes);
     for (int t = 0; t < NT; ++t) {
       const __m512 xd = _mm512_set1_ps(x.d[(t0 + t) * nb + sup * w.sb]);
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
@@ -150,7 +150,7 @@ void tile_one_block(const PackedWeights& w, const PackedActs& x, int64_t g, int6
     prefetch_ahead<kNib, kPlanes>(w.block(g, b));
     __m512i v[8];
     load_block<kNib, kPlanes>(w.block(g, b), v);
-    const __m512 sc = group_scales16(w, w.super_index(g, b));
+    const __m512 sc = group_scales16(w, w.super_index(g, b), kPlanes == kFp4Codes);
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
       const __m512i sum = block_sum(w, x, v, t0 + t, b);

@@ -44,7 +44,7 @@ float dot_row(const PackedWeights& w, const PackedActs& x, int64_t g, int r, int
     }
     const size_t f = w.super_index(g, sup) + r;
     const float d = xd[sup * w.sb];
-    const float sc = w.scale_e8m0.empty() ? w.scale[f] : e8m0_half(w.scale_e8m0[f]);
+    const float sc = w.fp4_codes ? e8m0_half(w.scale_e8m0[f]) : w.scale[f];
     acc = std::fma(sc * d, float(isum), acc);
     if (w.mins) acc = std::fma(w.neg_min[f] * d, float(msum), acc);
   }

@@ -1,6 +1,7 @@
 #include "kernels/cpu/packed.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -90,9 +91,12 @@ uint8_t e8m0_of(float d) {
 
 // MXFP4's unsigned values (0..24) as their codes in kFp4Table (0 as code 0, not 8).
 void to_fp4_codes(uint8_t* u, int64_t n) {
-  int code_of[25];
-  std::fill(std::begin(code_of), std::end(code_of), -1);
-  for (int c = 15; c >= 0; --c) code_of[kFp4Table[c]] = c;
+  static const auto code_of = [] {
+    std::array<int, 25> c;
+    c.fill(-1);
+    for (int code = 15; code >= 0; --code) c[kFp4Table[code]] = code;
+    return c;
+  }();
   for (int64_t i = 0; i < n; ++i) {
     check(u[i] <= 24 && code_of[u[i]] >= 0, "internal: an MXFP4 value has no code");
     u[i] = uint8_t(code_of[u[i]]);

@@ -11,7 +11,8 @@
 // meaning is restored by an offset, integer sub-scales and mins.
 //
 // Blocks form super-blocks of `sb` blocks (1, or 8 for the k-quants, whose GGUF blocks hold 256
-// values) with one float scale (and float min scale) per (row, super-block). Inside a super-block the
+// values) with one float scale (and float min scale) per (row, super-block; MXFP4 keeps its E8M0 byte
+// instead, scale_e8m0 below). Inside a super-block the
 // k-quants have small integer sub-scales and mins, per block or, for `split` types, per 16-value half
 // h. Per (row, token, block b, half h) the integer sum S = sum(u * x) is exact, and for each
 // super-block the arithmetic is fixed:
@@ -163,9 +164,10 @@ static inline __m512 e8m0_half16(const uint8_t* e8) {
   const __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x200000), e);
   return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, denormal));
 }
-// The 16 float scales of a group's super-block at `f` (PackedWeights::super_index).
-static inline __m512 group_scales16(const PackedWeights& w, size_t f) {
-  return w.scale_e8m0.empty() ? _mm512_loadu_ps(w.scale.data() + f) : e8m0_half16(w.scale_e8m0.data() + f);
+// The 16 float scales of a group's super-block at `f` (PackedWeights::super_index); `e8m0` is
+// w.fp4_codes, a constant where the kernel knows its layout at compile time.
+static inline __m512 group_scales16(const PackedWeights& w, size_t f, bool e8m0) {
+  return e8m0 ? e8m0_half16(w.scale_e8m0.data() + f) : _mm512_loadu_ps(w.scale.data() + f);
 }
 #endif
 #if defined(__AVX2__)
@@ -176,9 +178,9 @@ static inline __m256 e8m0_half8(const uint8_t* e8) {
   const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
   return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, denormal, small));
 }
-// 8 rows' float scales at `f` (PackedWeights::super_index plus the half's first row).
-static inline __m256 group_scales8(const PackedWeights& w, size_t f) {
-  return w.scale_e8m0.empty() ? _mm256_loadu_ps(w.scale.data() + f) : e8m0_half8(w.scale_e8m0.data() + f);
+// 8 rows' float scales at `f` (PackedWeights::super_index plus the half's first row); `e8m0` as above.
+static inline __m256 group_scales8(const PackedWeights& w, size_t f, bool e8m0) {
+  return e8m0 ? e8m0_half8(w.scale_e8m0.data() + f) : _mm256_loadu_ps(w.scale.data() + f);
 }
 #endif
 
