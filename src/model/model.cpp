@@ -275,7 +275,7 @@ void per_head_products(const std::vector<WeightMatrix>& w, const float* in, int6
 void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* ropes, KvCache& kv,
                             std::vector<float>& x, ShardIo* io) const {
   const auto& c = config_;
-  if (c.mla) return mla_attention_block(il, batch, ropes[0], kv, x);
+  if (c.mla) return mla_attention_block(il, batch, ropes[0], kv, x, io);
   const auto& L = weights_.layers[il];
   const int64_t n_tok = static_cast<int64_t>(batch.size()), half = c.d_head / 2;
   const bool swa = c.layer_is_swa[il];
@@ -326,16 +326,18 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   observe(il, {"attn_output"}, attn.data(), n_tok, q_dim);
   cpu::matmul(L.wo, attn.data(), o.data(), n_tok);
   apply_lora(il, LoraTarget::O, batch, attn.data(), q_dim, o.data());
-  add_bias(o.data(), L.bo, n_tok);  // gpt-oss (never split: MoE models refuse --tp)
+  add_bias(o.data(), L.bo, n_tok);  // gpt-oss (TP rank 0 only: the bias is added once)
   if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);  // row-parallel: partial sums
   if (c.post_norms) rms_norm_rows(o.data(), L.post_attn_norm, o.data(), n_tok, c.n_embd, c.norm_eps);
   add_rows(x.data(), o.data(), n_tok, c.n_embd);
 }
 
-void Model::mla_attention_block(int64_t il, const Batch& batch, const RopeTable& rope, KvCache& kv, std::vector<float>& x) const {
+void Model::mla_attention_block(int64_t il, const Batch& batch, const RopeTable& rope, KvCache& kv, std::vector<float>& x,
+                                ShardIo* io) const {
   const auto& c = config_;
   const auto& L = weights_.layers[il];
-  const int64_t n_tok = int64_t(batch.size()), nh = c.n_head, nope = c.qk_nope_dim, qk = nope + c.qk_rope_dim;
+  // This rank's heads (all of them unless split over TP ranks; each rank keeps the whole latent).
+  const int64_t n_tok = int64_t(batch.size()), nh = int64_t(L.wv_b.size()), nope = c.qk_nope_dim, qk = nope + c.qk_rope_dim;
   const int64_t lat = c.kv_lora_rank, row = c.d_head, half = c.d_head / 2, vd = c.v_head_dim;
   std::vector<float> h(n_tok * c.n_embd), q(n_tok * nh * qk), kv_a(n_tok * row);
   rms_norm_rows(x.data(), L.attn_norm, h.data(), n_tok, c.n_embd, c.norm_eps);
@@ -378,6 +380,7 @@ void Model::mla_attention_block(int64_t il, const Batch& batch, const RopeTable&
   per_head_products(L.wv_b, attn.data(), nh * row, row, vo.data(), nh * vd, vd, n_tok);
   observe(il, {"attn_output"}, vo.data(), n_tok, nh * vd);
   cpu::matmul(L.wo, vo.data(), o.data(), n_tok);
+  if (io && c.shard.tp > 1) io->tp_sum(o.data(), n_tok * c.n_embd);
   add_rows(x.data(), o.data(), n_tok, c.n_embd);
 }
 
@@ -396,6 +399,7 @@ void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, Sha
     };
     moe_ffn(c, L, h.data(), n_tok, out.data(), expert_tokens_.data() + il * c.n_expert,
             observer_ || expert_observer_ ? &sight : nullptr);
+    if (io && c.shard.tp > 1) io->tp_sum(out.data(), n_tok * c.n_embd);  // each rank's expert columns
     return add_rows(x.data(), out.data(), n_tok, c.n_embd);
   }
   const int64_t n_ff = L.w_gate.rows;  // this rank's FFN columns

@@ -274,7 +274,9 @@ class Model {
   // Multi-head latent attention (ModelConfig::mla) of layer il, absorbed: the cache row of each token,
   // each head's query turned into latent space, one KV head shared by all, the output's latent part
   // turned into the head's values. Adds the output projection to x.
-  void mla_attention_block(int64_t il, const Batch& batch, const RopeTable& rope, KvCache& kv, std::vector<float>& x) const;
+  // Split over TP ranks: this rank's heads, the output's partial sums added over the ranks.
+  void mla_attention_block(int64_t il, const Batch& batch, const RopeTable& rope, KvCache& kv, std::vector<float>& x,
+                           ShardIo* io) const;
   void ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, ShardIo* io) const;
   // This rank's layers over the batch, then (last stage) the output norm of the want_logits rows into
   // `rows`; false on other stages (the activations went to the next one).

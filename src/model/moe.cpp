@@ -141,9 +141,10 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
     const int64_t m = int64_t(entries.size());
     std::vector<float> x(size_t(m * d)), y(size_t(m * d));
     for (int64_t i = 0; i < m; ++i) std::copy_n(h + entries[size_t(i)] / r.k * d, d, x.begin() + i * d);
-    ExpertBias bias;
-    if (!L.exp_gate_b.empty())
-      bias = {L.exp_gate_b.data() + e * c.n_ff_exp, L.exp_up_b.data() + e * c.n_ff_exp, L.exp_down_b.data() + e * d};
+    ExpertBias bias;  // split over TP ranks: this rank's columns of gate and up; down's on rank 0 only
+    const int64_t n_ff = L.exp_gate[size_t(e)].rows;
+    if (!L.exp_gate_b.empty()) bias.gate = L.exp_gate_b.data() + e * n_ff, bias.up = L.exp_up_b.data() + e * n_ff;
+    if (!L.exp_down_b.empty()) bias.down = L.exp_down_b.data() + e * d;
     expert_ffn(c, L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data(), bias,
                {observe, "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", e});
     for (int64_t i = 0; i < m; ++i) std::copy_n(y.begin() + i * d, d, ys.begin() + entries[size_t(i)] * d);

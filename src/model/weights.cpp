@@ -117,46 +117,73 @@ std::vector<float> slice(const std::vector<float>& v, int64_t begin, int64_t end
   return std::vector<float>(v.begin() + begin, v.begin() + end);
 }
 
-// A mixture-of-experts layer's router, experts and shared expert (never split: --tp is refused).
+// FFN columns [begin, end) of this rank for an FFN of width n_ff whose down projection is `down`: all of
+// them unless the model is split over TP ranks (then cut on the down projection's blocks, shard.h).
+std::pair<int64_t, int64_t> ffn_cols(const ModelConfig& c, int64_t n_ff, const WeightMatrix& down) {
+  if (c.shard.tp <= 1) return {0, n_ff};
+  return ffn_share(n_ff, int64_t(dtype_info(down.type).block_elems), c.shard.tp, c.shard.tp_rank);
+}
+
+// Entries [begin, end) of each of the n_rows rows of width n in `v` (the whole vector when they are all).
+std::vector<float> row_slices(const std::vector<float>& v, int64_t n, int64_t n_rows, int64_t begin, int64_t end) {
+  if (v.empty() || (begin == 0 && end == n)) return v;
+  std::vector<float> out;
+  for (int64_t r = 0; r < n_rows; ++r) out.insert(out.end(), v.begin() + r * n + begin, v.begin() + r * n + end);
+  return out;
+}
+
+// A mixture-of-experts layer's router (whole on every TP rank, so that all ranks route alike) and this
+// rank's columns of every expert and of the shared expert, cut as a dense FFN's: gate and up rows,
+// down columns, so each rank's output is a partial sum for the all-reduce. The down projection's
+// bias is added once, by TP rank 0.
 void bind_moe(const ModelConfig& c, Binder& b, const std::string& p, LayerWeights& L) {
   L.router = b.matrix(p + "ffn_gate_inp.weight", c.n_expert, c.n_embd);
-  if (c.moe_biases) {  // GGUF [n, n_expert]: read as n_expert rows of n
-    L.router_b = b.vector(p + "ffn_gate_inp.bias", c.n_expert);
-    L.exp_gate_b = b.rows(p + "ffn_gate_exps.bias", c.n_ff_exp, c.n_expert);
-    L.exp_up_b = b.rows(p + "ffn_up_exps.bias", c.n_ff_exp, c.n_expert);
-    L.exp_down_b = b.rows(p + "ffn_down_exps.bias", c.n_embd, c.n_expert);
-  }
   L.exp_gate = expert_matrices(b, p + "ffn_gate_exps.weight", p + "ffn_gate.{}.weight", c.n_expert, c.n_ff_exp, c.n_embd);
   L.exp_up = expert_matrices(b, p + "ffn_up_exps.weight", p + "ffn_up.{}.weight", c.n_expert, c.n_ff_exp, c.n_embd);
   L.exp_down = expert_matrices(b, p + "ffn_down_exps.weight", p + "ffn_down.{}.weight", c.n_expert, c.n_embd, c.n_ff_exp);
+  const auto [f0, f1] = ffn_cols(c, c.n_ff_exp, L.exp_down[0]);
+  for (int64_t e = 0; e < c.n_expert; ++e) {
+    L.exp_gate[size_t(e)] = rows_of(L.exp_gate[size_t(e)], f0, f1);
+    L.exp_up[size_t(e)] = rows_of(L.exp_up[size_t(e)], f0, f1);
+    L.exp_down[size_t(e)] = cols_of(L.exp_down[size_t(e)], f0, f1, p + "ffn_down_exps.weight");
+  }
+  if (c.moe_biases) {  // GGUF [n, n_expert]: read as n_expert rows of n
+    L.router_b = b.vector(p + "ffn_gate_inp.bias", c.n_expert);
+    L.exp_gate_b = row_slices(b.rows(p + "ffn_gate_exps.bias", c.n_ff_exp, c.n_expert), c.n_ff_exp, c.n_expert, f0, f1);
+    L.exp_up_b = row_slices(b.rows(p + "ffn_up_exps.bias", c.n_ff_exp, c.n_expert), c.n_ff_exp, c.n_expert, f0, f1);
+    L.exp_down_b = b.rows(p + "ffn_down_exps.bias", c.n_embd, c.n_expert);
+    if (c.shard.tp_rank > 0) L.exp_down_b.clear();
+  }
   if (c.n_ff_shexp > 0) {
-    L.sh_gate = b.matrix(p + "ffn_gate_shexp.weight", c.n_ff_shexp, c.n_embd);
-    L.sh_up = b.matrix(p + "ffn_up_shexp.weight", c.n_ff_shexp, c.n_embd);
     L.sh_down = b.matrix(p + "ffn_down_shexp.weight", c.n_embd, c.n_ff_shexp);
+    const auto [s0, s1] = ffn_cols(c, c.n_ff_shexp, L.sh_down);
+    L.sh_down = cols_of(L.sh_down, s0, s1, p + "ffn_down_shexp.weight");
+    L.sh_gate = rows_of(b.matrix(p + "ffn_gate_shexp.weight", c.n_ff_shexp, c.n_embd), s0, s1);
+    L.sh_up = rows_of(b.matrix(p + "ffn_up_shexp.weight", c.n_ff_shexp, c.n_embd), s0, s1);
     if (!c.mla) L.sh_router = b.vector(p + "ffn_gate_inp_shexp.weight", c.n_embd);  // DeepSeek's shared experts: no gate
   }
 }
 
-// Per head h, rows [h * per_head + begin, h * per_head + begin + n) of `m`, with n rows each (no copy).
-std::vector<WeightMatrix> head_rows(const WeightMatrix& m, int64_t n_head, int64_t per_head, int64_t begin, int64_t n) {
+// Per head h of [h0, h1), rows [h * per_head + begin, h * per_head + begin + n) of `m` (no copy).
+std::vector<WeightMatrix> head_rows(const WeightMatrix& m, int64_t h0, int64_t h1, int64_t per_head, int64_t begin, int64_t n) {
   std::vector<WeightMatrix> out;
-  for (int64_t h = 0; h < n_head; ++h) out.push_back(rows_of(m, h * per_head + begin, h * per_head + begin + n));
+  for (int64_t h = h0; h < h1; ++h) out.push_back(rows_of(m, h * per_head + begin, h * per_head + begin + n));
   return out;
 }
 
-// The key up-projection of every head transposed ([n_head][kv_lora][nope]) from llama.cpp's fused
+// The key up-projection of heads [h0, h1) transposed ([head][kv_lora][nope]) from llama.cpp's fused
 // attn_kv_b (per head nope key rows, then v_head value rows, of kv_lora columns), in F32 when the file
 // holds F32 and F16 otherwise (its values, rounded once), owned by the layer.
-void transpose_k_b(const ModelConfig& c, const WeightMatrix& kv_b, LayerWeights& L) {
+void transpose_k_b(const ModelConfig& c, const WeightMatrix& kv_b, int64_t h0, int64_t h1, LayerWeights& L) {
   const int64_t nope = c.qk_nope_dim, lat = c.kv_lora_rank, per_head = nope + c.v_head_dim;
   const DType type = kv_b.type == DType::F32 ? DType::F32 : DType::F16;
   const size_t row = row_bytes(type, size_t(nope));
-  L.mla_owned.resize(size_t(c.n_head * lat) * row);
+  L.mla_owned.resize(size_t((h1 - h0) * lat) * row);
   std::vector<float> k(static_cast<size_t>(nope * lat)), t(static_cast<size_t>(nope));
-  for (int64_t h = 0; h < c.n_head; ++h) {
+  for (int64_t h = h0; h < h1; ++h) {
     for (int64_t i = 0; i < nope; ++i)
       dequantize_row(kv_b.type, kv_b.data + size_t(h * per_head + i) * kv_b.row_stride, k.data() + i * lat, lat);
-    uint8_t* base = L.mla_owned.data() + size_t(h * lat) * row;
+    uint8_t* base = L.mla_owned.data() + size_t((h - h0) * lat) * row;
     for (int64_t j = 0; j < lat; ++j) {
       for (int64_t i = 0; i < nope; ++i) t[size_t(i)] = k[size_t(i * lat + j)];
       quantize_row(type, t.data(), base + size_t(j) * row, size_t(nope));
@@ -168,29 +195,33 @@ void transpose_k_b(const ModelConfig& c, const WeightMatrix& kv_b, LayerWeights&
 // DeepSeek-V2's latent attention (LayerWeights' MLA fields) under llama.cpp's names: attn_q or
 // attn_q_a / attn_q_a_norm / attn_q_b, attn_kv_a_mqa, attn_kv_a_norm, and attn_kv_b (llama.cpp until
 // 2025-04) or its split attn_k_b ([n_head][kv_lora][nope], already transposed) and attn_v_b.
+// Split over TP ranks: this rank's heads (query rows, up-projections, output columns); the latent and
+// its projection are every rank's (the one KV head is replicated, shard.cpp).
 void bind_mla(const ModelConfig& c, Binder& b, const std::string& p, LayerWeights& L) {
   const int64_t nh = c.n_head, nope = c.qk_nope_dim, qk = nope + c.qk_rope_dim, lat = c.kv_lora_rank, v = c.v_head_dim;
+  const bool split = c.shard.split();
+  const int64_t h0 = split ? c.shard.head_begin : 0, h1 = split ? c.shard.head_end : nh;
   if (c.q_lora_rank > 0) {
     L.wq_a = b.matrix(p + "attn_q_a.weight", c.q_lora_rank, c.n_embd);
     L.q_a_norm = b.vector(p + "attn_q_a_norm.weight", c.q_lora_rank);
-    L.wq_b = b.matrix(p + "attn_q_b.weight", nh * qk, c.q_lora_rank);
+    L.wq_b = rows_of(b.matrix(p + "attn_q_b.weight", nh * qk, c.q_lora_rank), h0 * qk, h1 * qk);
   } else {
-    L.wq = b.matrix(p + "attn_q.weight", nh * qk, c.n_embd);
+    L.wq = rows_of(b.matrix(p + "attn_q.weight", nh * qk, c.n_embd), h0 * qk, h1 * qk);
   }
   L.wkv_a = b.matrix(p + "attn_kv_a_mqa.weight", lat + c.qk_rope_dim, c.n_embd);
   L.kv_a_norm = b.vector(p + "attn_kv_a_norm.weight", lat);
-  L.wo = b.matrix(p + "attn_output.weight", c.n_embd, nh * v);
+  L.wo = cols_of(b.matrix(p + "attn_output.weight", c.n_embd, nh * v), h0 * v, h1 * v, p + "attn_output.weight");
   if (const TensorRef* kb = b.find(p + "attn_k_b.weight", false)) {
     b.expect_shape(*kb, {uint64_t(nope), uint64_t(lat), uint64_t(nh)});
-    L.wk_b = head_rows({kb->type, nh * lat, nope, kb->data, row_bytes(kb->type, nope)}, nh, lat, 0, lat);
+    L.wk_b = head_rows({kb->type, nh * lat, nope, kb->data, row_bytes(kb->type, nope)}, h0, h1, lat, 0, lat);
     const TensorRef* vb = b.find(p + "attn_v_b.weight", true);
     b.expect_shape(*vb, {uint64_t(lat), uint64_t(v), uint64_t(nh)});
-    L.wv_b = head_rows({vb->type, nh * v, lat, vb->data, row_bytes(vb->type, lat)}, nh, v, 0, v);
+    L.wv_b = head_rows({vb->type, nh * v, lat, vb->data, row_bytes(vb->type, lat)}, h0, h1, v, 0, v);
     return;
   }
   const WeightMatrix kv_b = b.matrix(p + "attn_kv_b.weight", nh * (nope + v), lat);
-  transpose_k_b(c, kv_b, L);
-  L.wv_b = head_rows(kv_b, nh, nope + v, nope, v);
+  transpose_k_b(c, kv_b, h0, h1, L);
+  L.wv_b = head_rows(kv_b, h0, h1, nope + v, nope, v);
 }
 
 // The attention weights of this rank's heads and its FFN columns (all of them without a split).
@@ -219,8 +250,8 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   L.bq = slice(b.vector(p + "attn_q.bias", c.q_dim(), bias_required), q0, q1);
   L.bk = slice(b.vector(p + "attn_k.bias", c.kv_dim(), bias_required), k0, k1);
   L.bv = slice(b.vector(p + "attn_v.bias", c.kv_dim(), bias_required), k0, k1);
-  if (c.attn_out_bias) L.bo = b.vector(p + "attn_output.bias", c.n_embd);
-  if (c.attn_sinks) L.sinks = b.vector(p + "attn_sinks.weight", c.n_head);
+  if (c.attn_out_bias && s.tp_rank == 0) L.bo = b.vector(p + "attn_output.bias", c.n_embd);  // added once
+  if (c.attn_sinks) L.sinks = slice(b.vector(p + "attn_sinks.weight", c.n_head), q0 / d, q1 / d);
   if (c.qk_norm) {
     L.q_norm = b.vector(p + "attn_q_norm.weight", c.qk_norm_whole ? c.q_dim() : c.d_head);
     L.k_norm = b.vector(p + "attn_k_norm.weight", c.qk_norm_whole ? c.kv_dim() : c.d_head);
@@ -233,8 +264,7 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   L.ffn_norm = b.vector(p + (c.arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"), c.n_embd);
   if (!c.layer_is_moe.empty() && c.layer_is_moe[il]) return bind_moe(c, b, p, L);
   L.w_down = b.matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
-  const auto [f0, f1] = split ? ffn_share(c.n_ff, int64_t(dtype_info(L.w_down.type).block_elems), s.tp, s.tp_rank)
-                              : std::pair<int64_t, int64_t>(0, c.n_ff);
+  const auto [f0, f1] = ffn_cols(c, c.n_ff, L.w_down);
   L.w_down = cols_of(L.w_down, f0, f1, p + "ffn_down.weight");
   if (c.arch != "phi3") {
     L.w_gate = rows_of(b.matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd), f0, f1);
@@ -252,8 +282,9 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
   ModelWeights w;
   Binder b(lookup, source, w.weight_bytes);
   const ShardLayout& s = c.shard;
-  check(!s.split() || !c.is_moe(), "{}: a mixture-of-experts model cannot be split with --tp / --pp yet", source);
-  check(!s.split() || !c.mla, "{}: a latent-attention (MLA) model cannot be split with --tp / --pp yet", source);
+  // OLMoE's query and key norms span all heads, which a TP rank does not hold.
+  check(s.tp == 1 || !c.qk_norm_whole, "{}: --tp cannot split a model whose query/key norm spans all heads (OLMoE); "
+        "--pp can", source);
   w.tok_embd = b.matrix("token_embd.weight", c.n_vocab, c.n_embd);
   if (!s.split() || s.first_stage()) w.weight_bytes += matrix_bytes(w.tok_embd);
   w.output_norm = b.vector("output_norm.weight", c.n_embd);

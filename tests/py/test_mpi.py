@@ -69,6 +69,24 @@ def test_tensor_parallel_tokens_and_logits(name):
 
 
 @needs_mpi
+@pytest.mark.parametrize("family", ["qwen2moe", "gpt_oss", "deepseek2"])
+def test_mixture_of_experts_over_ranks(family):
+    """Every rank's columns of each expert and of the shared expert (DeepSeek: its heads of the latent
+    attention too) over two MPI ranks: the bits of the one-process `--tp 2`; two stages: the bits of one
+    process (the tiny random models of tests/data/families)."""
+    args = ["generate", "-m", DATA / "families" / family, "-p", "Once upon a time", "-n", 12, "--temp", "0",
+            "-t", "1", "--json", "--logprobs", "3"]
+    plain = events(run(*args, timeout=60).stdout)
+    assert len(plain) == 12
+    for flags in (["--tp", 2], ["--pp", 2]):
+        p = subprocess.run(mpirun_cmd(2, *args, *flags), capture_output=True, text=True, timeout=60, env=ENV)
+        assert p.returncode == 0, p.stderr
+        want = plain if flags[0] == "--pp" else events(run(*args, *flags, timeout=60).stdout)
+        assert events(p.stdout) == want, flags
+    assert [e["id"] for e in want] == [e["id"] for e in plain]  # TP: the same greedy tokens
+
+
+@needs_mpi
 def test_pipeline_perplexity_is_bitwise_one_process():
     """128-token batches run as micro-batches over the stages: the same bits all the same."""
     args = ["perplexity", "-m", model_path("stories260K"), "-f", DATA / "tinystory.txt", "-c", 128, "-t", 1]

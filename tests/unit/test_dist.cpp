@@ -228,6 +228,69 @@ TEST_P(SplitCached, PipelineBitwiseAndTensorParallelWithinRoundingNoise) {
   EXPECT_LE(diff, 2 * noise);
 }
 
+// Mixture-of-experts and latent-attention families: the tiny random models of tests/data/families
+// (F32; checked against transformers by tests/py/test_families.py). Their logits of a fixed token
+// sequence, prefilled in two chunks as run_logits does.
+std::vector<float> family_logits(const Model& model) {
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 24; ++i) tokens.push_back(int32_t((i * 397 + 11) % model.config().n_vocab));
+  SingleSequence seq(model, 64, DType::F16);
+  std::vector<float> out = seq.eval(std::span(tokens).first(9), true);
+  const std::vector<float> more = seq.eval(std::span(tokens).subspan(9), true);
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+class SplitFamily : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string path() const { return std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/" + GetParam(); }
+};
+
+// Pipeline stages give the whole model's bits; TP ranks, each with its columns of every expert and of
+// the shared expert (the router whole on each, so all route alike) and its attention heads (MLA: its
+// heads, the latent cache replicated), are deterministic, close to the whole model and pick its
+// greedy tokens. Without the all-reduce of the experts' partial sums (or with a bias added by every
+// rank, or the sinks of the wrong heads) the logits move by far more than the bound.
+TEST_P(SplitFamily, PipelineBitwiseAndTensorParallelClose) {
+  const auto whole_model = Model::load(path());
+  const auto whole = family_logits(*whole_model);
+  EXPECT_EQ(family_logits(*dist::load_model(path(), {}, 1, 2)), whole);
+  const auto tp = family_logits(*dist::load_model(path(), {}, 2, 1));
+  EXPECT_EQ(family_logits(*dist::load_model(path(), {}, 2, 2)), tp);  // stages add nothing to the sums
+  const auto tp4 = family_logits(*dist::load_model(path(), {}, 4, 1));
+  ASSERT_EQ(whole.size(), tp.size());
+  ASSERT_EQ(whole.size(), tp4.size());
+  float scale = 0;
+  for (float x : whole) scale = std::max(scale, std::fabs(x));
+  const float diff = max_abs_diff(whole, tp), diff4 = max_abs_diff(whole, tp4);
+  std::printf("%s: TP 2 / 4 logits differ from the whole model by at most %g / %g (largest |logit| %g)\n", GetParam(),
+              diff, diff4, scale);
+  EXPECT_LE(diff, 1e-3f * scale);
+  EXPECT_LE(diff4, 1e-3f * scale);
+  const size_t n_vocab = size_t(whole_model->config().n_vocab);
+  for (size_t t = 0; t < whole.size() / n_vocab; ++t) {
+    auto argmax = [&](const std::vector<float>& l) {
+      return std::max_element(l.begin() + t * n_vocab, l.begin() + (t + 1) * n_vocab) - l.begin();
+    };
+    EXPECT_EQ(argmax(whole), argmax(tp)) << "token " << t;
+    EXPECT_EQ(argmax(whole), argmax(tp4)) << "token " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SplitFamily,
+                         ::testing::Values("qwen3", "qwen3moe", "qwen2moe", "mixtral", "gpt_oss", "deepseek2", "deepseek2_qlora"));
+
+// OLMoE normalizes the query and key over all heads at once, which no TP rank holds: --tp is refused
+// with a reason; its stages split as any model's.
+TEST(SplitFamily, OlmoeSplitsIntoStagesNotTensorParallelRanks) {
+  const std::string path = std::string(SERVAL_SOURCE_DIR) + "/tests/data/families/olmoe";
+  EXPECT_EQ(family_logits(*dist::load_model(path, {}, 1, 2)), family_logits(*Model::load(path)));
+  LoadOptions share;
+  share.tp = 2;
+  const std::string why = test::error_message([&] { Model::load(path, share); });
+  EXPECT_NE(why.find("spans all heads"), std::string::npos) << why;
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, SplitCached, ::testing::Values("qwen2.5-coder-0.5b-instruct", "gemma-3-270m"));
 
 INSTANTIATE_TEST_SUITE_P(Models, SplitModel, ::testing::Values("stories260K.gguf", "TinyStories-656K-Q8_0.gguf"));
