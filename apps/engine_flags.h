@@ -17,6 +17,7 @@ namespace serval::cli {
 struct SpecFlags {
   std::vector<std::string> method;  // METHOD, or `heads FILE`
   std::string model_draft, heads_file, draft_kv_memory = "256MiB";
+  int64_t draft_vocab = 65536;  // the draft model's logits: the vocabulary's first N tokens (0: all)
   SpeculativeConfig config;
   std::unique_ptr<Model> draft;           // loaded by load()
   std::unique_ptr<DecodingHeads> heads;   // loaded by load_heads()
@@ -38,6 +39,9 @@ struct SpecFlags {
     cmd->add_option("--spec-max-running", config.max_running,
                     "no speculation while more requests than this run (default 4)");
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
+    cmd->add_option("--draft-vocab", draft_vocab,
+                    "the draft model computes logits for the vocabulary's first N tokens only, its most frequent "
+                    "in a BPE vocabulary (FR-Spec's reduced head; default 65536; 0: all)");
     cmd->add_option("--spec-tree-width", config.tree_width,
                     "heads: candidates per head in a token tree; suffix: children per node (default 1: one chain)");
     cmd->add_option("--spec-heads-p-min", config.heads_p_min,
@@ -62,7 +66,12 @@ struct SpecFlags {
     c.heads = heads.get();
     if (c.method == SpecMethod::Draft) {
       check(!model_draft.empty(), "--spec {} needs a draft model (--model-draft FILE)", c.method_name());
-      if (!draft) draft = Model::load(resolve_model_path(model_draft));  // once, however often asked
+      check(draft_vocab >= 0, "--draft-vocab must be 0 (all) or more (got {})", draft_vocab);
+      if (!draft) {  // once, however often asked
+        LoadOptions o;
+        o.logit_rows = draft_vocab;
+        draft = Model::load(resolve_model_path(model_draft), o);
+      }
       c.draft_model = draft.get();
       c.draft_kv_bytes = kv_budget_from_string(draft_kv_memory);
     }

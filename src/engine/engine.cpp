@@ -67,6 +67,8 @@ int64_t rank_kv_bytes_per_token(const ModelConfig& c, double dtype_bytes) {
 
 Engine::Engine(const Model& model, EngineConfig config) : model_(model), config_(std::move(config)) {
   const auto& c = model_.config();
+  check(model_.n_logits() == c.n_vocab, "the served model must compute all {} logits (only a draft model's are cut)",
+        c.n_vocab);
   max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, c.n_ctx_train) : c.n_ctx_train;
   const double dtype_bytes = bytes_per_elem(config_.kv_type);
   capacity_.bytes_per_token = rank_kv_bytes_per_token(c, dtype_bytes);

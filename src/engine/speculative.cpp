@@ -199,7 +199,7 @@ void DraftModelProposer::propose(std::span<Request* const> reqs, std::span<const
     active.push_back({&r, &seq});
     want.push_back(limits[i]);
   }
-  const int64_t n_vocab = model_.config().n_vocab;
+  const int64_t n_vocab = model_.n_logits();  // the draft's head may cover the vocabulary's first tokens only
   const int n_groups = batch_.n_groups();
   for (int32_t round = 0; !active.empty(); ++round) {
     batch_.tokens.clear(), batch_.positions.clear(), batch_.seq_ids.clear(), batch_.want_logits.clear();

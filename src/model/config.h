@@ -90,6 +90,9 @@ struct ModelConfig {
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
 
   ShardLayout shard;        // this process's share (Model::load's LoadOptions); the whole model by default
+  // Logits for the vocabulary's first logit_rows tokens only (0: all of them): a draft model's reduced
+  // output matrix (LoadOptions::logit_rows, docs/speculative.md).
+  int64_t logit_rows = 0;
 
   int64_t q_dim() const { return n_head * d_head; }
   int64_t rot_dims() const { return n_rot > 0 ? n_rot : d_head; }

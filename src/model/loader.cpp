@@ -15,9 +15,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// This process's share of the model when LoadOptions split it.
+// This process's share of the model when LoadOptions split it, and the logits it computes.
 void set_shard(ModelConfig& c, const LoadOptions& o) {
   if (o.tp * o.pp > 1) c.shard = make_shard_layout(c, o.tp, o.pp, o.tp_rank, o.stage);
+  check(o.logit_rows >= 0, "logits for {} tokens asked", o.logit_rows);
+  check(o.logit_rows == 0 || o.logit_rows >= c.n_vocab || o.tp * o.pp == 1,
+        "a model split over ranks computes all of its logits");
+  c.logit_rows = o.logit_rows >= c.n_vocab ? 0 : o.logit_rows;
 }
 
 // A GGUF file; with LoadOptions::dummy its header alone (a shape file or any GGUF), the weights made by

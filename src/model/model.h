@@ -122,6 +122,10 @@ struct LoadOptions {
   // `path`, a shape file or any GGUF file, whose data is not read.
   bool dummy = false;
   uint64_t dummy_seed = 0;
+  // Compute logits for the vocabulary's first `logit_rows` tokens only (0, or at least n_vocab: all):
+  // the output matrix is cut to those rows, so forward() writes rows of that width (n_logits()). For a draft model, whose
+  // guesses the target verifies: FR-Spec's reduced head (docs/speculative.md). Not with tp x pp > 1.
+  int64_t logit_rows = 0;
 };
 
 // What a rank's share of the forward pass needs from the other ranks (dist/ implements it over a
@@ -163,6 +167,8 @@ class Model {
   virtual ~Model() = default;
 
   const ModelConfig& config() const { return config_; }
+  // The width of forward()'s logit rows: n_vocab, or LoadOptions::logit_rows where that cut it.
+  int64_t n_logits() const { return config_.logit_rows > 0 ? config_.logit_rows : config_.n_vocab; }
   // Row `token` of the output matrix as floats [n_embd] (a decoder reranker scores the final hidden
   // state against the rows of its yes / no tokens). Not on a split model.
   std::vector<float> output_row(int32_t token) const;

@@ -289,8 +289,10 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
   if (!s.split() || s.first_stage()) w.weight_bytes += matrix_bytes(w.tok_embd);
   w.output_norm = b.vector("output_norm.weight", c.n_embd);
   w.output = b.matrix("output.weight", c.n_vocab, c.n_embd, /*required=*/false);
-  if (!w.output.empty() && !s.split()) w.weight_bytes += matrix_bytes(w.output);
-  if (w.output.empty()) w.output = w.tok_embd;
+  const bool tied = w.output.empty();
+  if (tied) w.output = w.tok_embd;
+  if (c.logit_rows > 0) w.output = rows_of(w.output, 0, c.logit_rows);  // its first rows only (a draft's head)
+  if (!tied && !s.split()) w.weight_bytes += matrix_bytes(w.output);
   if (s.split()) {  // the last stage's TP ranks each compute their rows of the logits
     w.output = s.last_stage() ? rows_of(w.output, s.vocab_begin, s.vocab_end) : WeightMatrix{};
     w.weight_bytes += matrix_bytes(w.output);

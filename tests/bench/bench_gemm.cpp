@@ -31,7 +31,7 @@ struct Matrix {
 };
 
 // The Qwen2.5-Coder 0.5B's matrices: the FFN's up/gate and down in Q5_0, the output matrix in Q8_0,
-// and a Q4_K / Q6_K pair of the k-quant files' shapes.
+// a Q4_K / Q6_K pair of the k-quant files' shapes, and the 1.5B's Q6_K output matrix.
 struct Case {
   const char* name;
   DType type;
@@ -41,6 +41,8 @@ struct Case {
 const Case kCases[] = {{"q5_0_ffn_up", DType::Q5_0, 4864, 896},   {"q5_0_ffn_down", DType::Q5_0, 896, 4864},
                        {"q8_0_output", DType::Q8_0, 151936, 896}, {"q4_k_ffn_up", DType::Q4_K, 4864, 1024},
                        {"q6_k_ffn_down", DType::Q6_K, 1024, 4864},
+                       // the 1.5B's output matrix (its token embedding, tied) in Q6_K: 2-9 rows verify a draft
+                       {"q6_k_output", DType::Q6_K, 151936, 1536},
                        // all-MiniLM-L6-v2's FFN in Q8_0 (the embeddings benchmark's model)
                        {"q8_0_minilm_up", DType::Q8_0, 1536, 384}, {"q8_0_minilm_down", DType::Q8_0, 384, 1536},
                        {"q8_0_minilm_up_bf16_tiles", DType::Q8_0, 1536, 384, true},
@@ -77,7 +79,7 @@ int main(int argc, char** argv) {
   for (const auto& c : serval::kCases)
     benchmark::RegisterBenchmark(c.name, [&c](benchmark::State& s) { serval::run_case(s, c); })
         ->ArgName("tokens")
-        ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(512)
+        ->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8)->Arg(16)->Arg(512)
         ->ComputeStatistics("min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
         ->Unit(benchmark::kMicrosecond);
   int n = int(rest.size());

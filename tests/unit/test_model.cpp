@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -148,6 +149,31 @@ TEST(Model, ForwardRejectsBadBatches) {
   EXPECT_THROW(seq.eval(std::vector<int32_t>{1, 2, 3, 4}), Error);  // longer than the context
 }
 
+
+// A model loaded for the vocabulary's first N logits (a draft model's reduced head) gives, for every
+// row, exactly the first N logits of the whole model: the cut output matrix is the same rows packed
+// alone. Stories260K (its output matrix its own) and the Qwen 0.5B (tied to its Q8_0 embedding).
+TEST(Model, LogitRowsAreThePrefixOfTheWholeVocabulary) {
+  std::vector<std::pair<std::string, int64_t>> cases = {{test::shared_path("models/stories260K.gguf"), 300}};
+  if (const std::string q = test::cached_model("qwen2.5-coder-0.5b-instruct"); !q.empty()) cases.push_back({q, 65536});
+  for (const auto& [path, n] : cases) {
+    auto whole = Model::load(path);
+    LoadOptions cut;
+    cut.logit_rows = n;
+    auto head = Model::load(path, cut);
+    EXPECT_EQ(head->n_logits(), n);
+    EXPECT_EQ(whole->n_logits(), whole->config().n_vocab);
+    const auto tokens = whole->tokenizer().encode("def add(a, b):\n    return a + b\n", true);
+    const auto all = all_logits(*whole, tokens), part = all_logits(*head, tokens);
+    const int64_t V = whole->config().n_vocab;
+    ASSERT_EQ(part.size(), tokens.size() * size_t(n));
+    for (size_t t = 0; t < tokens.size(); ++t)
+      ASSERT_EQ(std::memcmp(part.data() + t * n, all.data() + t * V, size_t(n) * 4), 0) << path << " row " << t;
+    LoadOptions everything;
+    everything.logit_rows = V;  // as many as the vocabulary: all of them
+    EXPECT_EQ(Model::load(path, everything)->n_logits(), V);
+  }
+}
 
 // Mean absolute difference of two logit arrays.
 double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

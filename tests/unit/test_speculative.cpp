@@ -598,5 +598,34 @@ TEST(RealModelSpec, QwenPairAndPromptLookupGiveThePlainTokens) {
   }
 }
 
+// A draft model with a reduced head (the vocabulary's first N logits, `--draft-vocab`) proposes only
+// tokens below N and scores its confidence among them: the target's tokens stay exactly the plain
+// ones, whether N = 256 leaves most of the 1.5B's tokens out of the draft's reach or N = 65536 (the
+// default) nearly none.
+TEST(RealModelSpec, DraftWithReducedHeadGivesThePlainTokens) {
+  const std::string small = test::cached_model("qwen2.5-coder-0.5b-instruct");
+  const std::string large = test::cached_model("qwen2.5-coder-1.5b-instruct");
+  ASSERT_FALSE(small.empty() || large.empty()) << "run scripts/setup";
+  auto target = Model::load(large);
+  const auto prompt = target->tokenizer().encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", true);
+  const GenerationParams p = params(24, 0, 0.0f);
+  const auto plain = run_alone(*target, prompt, p).tokens;
+  for (int64_t n : {int64_t(256), int64_t(65536)}) {
+    LoadOptions o;
+    o.logit_rows = n;
+    auto draft = Model::load(small, o);
+    EngineConfig cfg;
+    cfg.num_blocks = 64;
+    cfg.spec.set_method("draft");
+    cfg.spec.draft_model = draft.get();
+    cfg.spec.draft_kv_bytes = 16 << 20;
+    Engine e(*target, cfg);
+    EXPECT_EQ(run_engine(e, {prompt}, {p})[0].tokens, plain) << n;
+    EXPECT_GT(e.stats().spec.drafts, 0) << n;
+    if (n == 65536) EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+    EXPECT_THROW(Engine(*draft, cfg), Error);  // a cut head cannot be the served model
+  }
+}
+
 }  // namespace
 }  // namespace serval
