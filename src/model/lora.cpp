@@ -28,6 +28,9 @@ std::pair<int64_t, int64_t> target_shape(const ModelConfig& c, LoraTarget t) {
     case LoraTarget::Gate:
     case LoraTarget::Up: return {c.n_ff, c.n_embd};
     case LoraTarget::Down: return {c.n_embd, c.n_ff};
+    case LoraTarget::ShGate:
+    case LoraTarget::ShUp: return {c.n_ff_shexp, c.n_embd};
+    case LoraTarget::ShDown: return {c.n_embd, c.n_ff_shexp};
     default: return {0, 0};
   }
 }
@@ -38,11 +41,23 @@ LoraTarget target_from_gguf(const std::string& kind) {
   return LoraTarget::Count;
 }
 
+// A routed expert's product from its GGUF name (ffn_gate_exps ...) or PEFT module (gate_proj or
+// Mixtral's w1, ...): 0 gate, 1 up, 2 down; -1 for anything else.
+int expert_kind(const std::string& name) {
+  static const std::map<std::string, int> m = {{"ffn_gate_exps", 0}, {"ffn_up_exps", 1}, {"ffn_down_exps", 2},
+                                               {"gate_proj", 0},     {"up_proj", 1},     {"down_proj", 2},
+                                               {"w1", 0},            {"w3", 1},          {"w2", 2}};
+  const auto it = m.find(name);
+  return it == m.end() ? -1 : it->second;
+}
+
 LoraTarget target_from_peft(const std::string& module) {
   static const std::map<std::string, LoraTarget> m = {
       {"self_attn.q_proj", LoraTarget::Q},  {"self_attn.k_proj", LoraTarget::K}, {"self_attn.v_proj", LoraTarget::V},
       {"self_attn.o_proj", LoraTarget::O},  {"mlp.gate_proj", LoraTarget::Gate}, {"mlp.up_proj", LoraTarget::Up},
-      {"mlp.down_proj", LoraTarget::Down}};
+      {"mlp.down_proj", LoraTarget::Down},
+      {"mlp.shared_expert.gate_proj", LoraTarget::ShGate},  {"mlp.shared_expert.up_proj", LoraTarget::ShUp},
+      {"mlp.shared_expert.down_proj", LoraTarget::ShDown}};
   const auto it = m.find(module);
   return it == m.end() ? LoraTarget::Count : it->second;
 }
@@ -69,27 +84,78 @@ class Builder {
   // One tensor's floats as A ([rank][in]) or B ([out][rank]) of layer `il`'s target.
   // `permute`: 0 keep B's rows, 1 HF to GGUF order, -1 GGUF to HF order (Q and K only).
   void set(int64_t il, LoraTarget t, bool is_a, const TensorRef& ref, int permute) {
-    check(il >= 0 && il < c_.n_layer, "{}: tensor '{}' is for layer {}, the model has {}", a_.path, ref.name, il, c_.n_layer);
+    check_layer(il, ref.name);
     check(ref.ne.size() == 2, "{}: tensor '{}' is not a matrix", a_.path, ref.name);
-    // A mixture-of-experts layer has no dense FFN products to update (its experts take no adapters).
+    // A mixture-of-experts layer has no dense FFN products to update (its experts have their own names).
     const bool ffn = t == LoraTarget::Gate || t == LoraTarget::Up || t == LoraTarget::Down;
-    check(!ffn || c_.layer_is_moe.empty() || !c_.layer_is_moe[size_t(il)],
-          "{}: tensor '{}' updates the FFN of layer {}, a mixture-of-experts layer: LoRA on experts is not "
-          "supported (attention projections are)", a_.path, ref.name, il);
+    check(!ffn || !moe_layer(il),
+          "{}: tensor '{}' updates the dense FFN of layer {}, a mixture-of-experts layer (its experts' updates are "
+          "named per expert: mlp.experts.E.gate_proj, ffn_gate_exps)", a_.path, ref.name, il);
+    const bool shared = t == LoraTarget::ShGate || t == LoraTarget::ShUp || t == LoraTarget::ShDown;
+    check(!shared || (moe_layer(il) && c_.n_ff_shexp > 0), "{}: tensor '{}' updates a shared expert that layer {} "
+          "does not have", a_.path, ref.name, il);
     const auto [out, in] = target_shape(c_, t);
     const int64_t rows = int64_t(ref.ne[1]), cols = int64_t(ref.ne[0]);
-    const int64_t rank = is_a ? rows : cols;
-    check(a_.rank == 0 || a_.rank == rank, "{}: tensor '{}' has rank {}, others {}", a_.path, ref.name, rank, a_.rank);
-    check(rank > 0 && rank <= 4096, "{}: tensor '{}' has a bad rank {}", a_.path, ref.name, rank);
-    a_.rank = rank;
-    check(is_a ? cols == in : rows == out,
-          "{}: tensor '{}' has shape [{}, {}], which does not fit the model's {} ({} x {}): an adapter of another model",
-          a_.path, ref.name, rows, cols, lora_target_name(t), out, in);
+    check_shape(ref.name, is_a, rows, cols, out, in, lora_target_name(t));
     std::vector<float> x(size_t(rows * cols));
     dequantize_row(ref.type, ref.data, x.data(), x.size());
     if (permute != 0 && !is_a && (t == LoraTarget::Q || t == LoraTarget::K))
       x = interleave_rows(x, rows, cols, t == LoraTarget::Q ? c_.n_head : c_.n_head_kv, permute < 0);
-    LoraPair& pair = a_.layers[size_t(il)][size_t(t)];
+    store(a_.layers[size_t(il)][size_t(t)], is_a, std::move(x), rows, cols);
+  }
+
+  // A or B of routed expert e's product `kind` (0 gate, 1 up, 2 down) in layer il: `x` is
+  // [rows][cols] (A: [rank][in], B: [out][rank]).
+  void set_expert(int64_t il, int64_t e, int kind, bool is_a, std::vector<float> x, int64_t rows, int64_t cols,
+                  const std::string& name) {
+    check_layer(il, name);
+    check(moe_layer(il), "{}: tensor '{}' updates an expert of layer {}, which has none", a_.path, name, il);
+    check(e >= 0 && e < c_.n_expert, "{}: tensor '{}' is for expert {}, the model has {}", a_.path, name, e, c_.n_expert);
+    const int64_t out = kind == 2 ? c_.n_embd : c_.n_ff_exp, in = kind == 2 ? c_.n_ff_exp : c_.n_embd;
+    check_shape(name, is_a, rows, cols, out, in, kind == 0 ? "ffn_gate_exps" : kind == 1 ? "ffn_up_exps" : "ffn_down_exps");
+    if (a_.experts.empty()) a_.experts.resize(size_t(c_.n_layer));
+    auto& layer = a_.experts[size_t(il)];
+    if (layer.empty()) layer.resize(size_t(c_.n_expert));
+    LoraPair& pair = layer[size_t(e)][size_t(kind)];
+    check((is_a ? pair.a : pair.b).empty(), "{}: tensor '{}' is given twice", a_.path, name);
+    store(pair, is_a, std::move(x), rows, cols);
+  }
+
+  void finish() {
+    int pairs = 0;
+    for (auto& layer : a_.layers)
+      for (int t = 0; t < int(LoraTarget::Count); ++t)
+        pairs += count(layer[size_t(t)], lora_target_name(LoraTarget(t)));
+    for (auto& layer : a_.experts)
+      for (auto& expert : layer)
+        for (int k = 0; k < 3; ++k) pairs += count(expert[size_t(k)], "expert");
+    check(pairs > 0, "{}: no LoRA tensors for the model's matrix products", a_.path);
+    check(std::isfinite(a_.alpha) && a_.alpha > 0, "{}: bad LoRA alpha {}", a_.path, a_.alpha);
+  }
+
+ private:
+  const ModelConfig& c_;
+  LoraAdapter& a_;
+
+  bool moe_layer(int64_t il) const { return !c_.layer_is_moe.empty() && c_.layer_is_moe[size_t(il)]; }
+
+  void check_layer(int64_t il, const std::string& name) const {
+    check(il >= 0 && il < c_.n_layer, "{}: tensor '{}' is for layer {}, the model has {}", a_.path, name, il, c_.n_layer);
+  }
+
+  // A is [rank][in], B [out][rank]; every pair of the adapter has one rank.
+  void check_shape(const std::string& name, bool is_a, int64_t rows, int64_t cols, int64_t out, int64_t in,
+                   const char* product) {
+    const int64_t rank = is_a ? rows : cols;
+    check(a_.rank == 0 || a_.rank == rank, "{}: tensor '{}' has rank {}, others {}", a_.path, name, rank, a_.rank);
+    check(rank > 0 && rank <= 4096, "{}: tensor '{}' has a bad rank {}", a_.path, name, rank);
+    a_.rank = rank;
+    check(is_a ? cols == in : rows == out,
+          "{}: tensor '{}' has shape [{}, {}], which does not fit the model's {} ({} x {}): an adapter of another model",
+          a_.path, name, rows, cols, product, out, in);
+  }
+
+  void store(LoraPair& pair, bool is_a, std::vector<float> x, int64_t rows, int64_t cols) {
     if (!is_a) {
       std::vector<float> tr(x.size());
       for (int64_t r = 0; r < rows; ++r)
@@ -102,21 +168,10 @@ class Builder {
     (is_a ? pair.a : pair.b) = m;
   }
 
-  void finish() {
-    int pairs = 0;
-    for (auto& layer : a_.layers)
-      for (int t = 0; t < int(LoraTarget::Count); ++t) {
-        const LoraPair& p = layer[size_t(t)];
-        check(p.a.empty() == p.b.empty(), "{}: a {} update has only one of its two matrices", a_.path, lora_target_name(LoraTarget(t)));
-        pairs += !p.a.empty();
-      }
-    check(pairs > 0, "{}: no LoRA tensors for the model's matrix products", a_.path);
-    check(std::isfinite(a_.alpha) && a_.alpha > 0, "{}: bad LoRA alpha {}", a_.path, a_.alpha);
+  int count(const LoraPair& p, const char* what) const {
+    check(p.a.empty() == p.b.empty(), "{}: a {} update has only one of its two matrices", a_.path, what);
+    return !p.a.empty();
   }
-
- private:
-  const ModelConfig& c_;
-  LoraAdapter& a_;
 };
 
 void load_gguf(const std::string& path, const ModelConfig& c, LoraAdapter& a) {
@@ -134,6 +189,18 @@ void load_gguf(const std::string& path, const ModelConfig& c, LoraAdapter& a) {
     std::smatch m;
     check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix (embedding and output "
                                            "adapters are not supported)", path, t.name);
+    if (const int kind = expert_kind(m[2]); kind >= 0) {  // llama.cpp's stack of every expert's A or B
+      check(t.ne.size() == 3 && int64_t(t.ne[2]) == c.n_expert, "{}: tensor '{}' is not a stack of the model's {} "
+            "experts' matrices", path, t.name, c.n_expert);
+      const int64_t cols = int64_t(t.ne[0]), rows = int64_t(t.ne[1]);
+      std::vector<float> all(size_t(rows * cols * c.n_expert));
+      dequantize_row(t.type, t.data, all.data(), all.size());
+      for (int64_t e = 0; e < c.n_expert; ++e)
+        b.set_expert(std::stoll(m[1]), e, kind, m[3] == "a",
+                     std::vector<float>(all.begin() + e * rows * cols, all.begin() + (e + 1) * rows * cols), rows, cols,
+                     t.name);
+      continue;
+    }
     const LoraTarget target = target_from_gguf(m[2]);
     check(target != LoraTarget::Count, "{}: tensor '{}' targets an unsupported product", path, t.name);
     b.set(std::stoll(m[1]), target, m[3] == "a", t, permute);
@@ -159,10 +226,22 @@ void load_peft(const fs::path& dir, const ModelConfig& c, LoraAdapter& a) {
         cfg_path.string());
   const SafetensorsFile file((dir / "adapter_model.safetensors").string());
   Builder b(c, a);
-  static const std::regex re(R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(\w+\.\w+)\.lora_(A|B)(?:\.default)?\.weight)");
+  static const std::regex re(R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(\w+\.\w+(?:\.\w+)?)\.lora_(A|B)(?:\.default)?\.weight)");
+  // Routed experts: Qwen-MoE's / OLMoE's mlp.experts.E.gate_proj, Mixtral's block_sparse_moe.experts.E.w1.
+  static const std::regex expert_re(
+      R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.lora_(A|B)(?:\.default)?\.weight)");
   const int permute = c.rope_style == RopeStyle::Interleaved ? 1 : 0;  // a GGUF llama base
   for (const auto& t : file.tensors()) {
     std::smatch m;
+    if (std::regex_match(t.name, m, expert_re)) {
+      const int kind = expert_kind(m[3]);
+      check(kind >= 0 && t.ne.size() == 2, "{}: tensor '{}' targets an unsupported expert module", dir.string(), t.name);
+      std::vector<float> x(size_t(t.ne[0] * t.ne[1]));
+      dequantize_row(t.type, t.data, x.data(), x.size());
+      b.set_expert(std::stoll(m[1]), std::stoll(m[2]), kind, m[4] == "A", std::move(x), int64_t(t.ne[1]),
+                   int64_t(t.ne[0]), t.name);
+      continue;
+    }
     check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix", dir.string(), t.name);
     const LoraTarget target = target_from_peft(m[2]);
     check(target != LoraTarget::Count, "{}: tensor '{}' targets an unsupported module", dir.string(), t.name);
@@ -177,7 +256,8 @@ void load_peft(const fs::path& dir, const ModelConfig& c, LoraAdapter& a) {
 }  // namespace lora_load
 
 const char* lora_target_name(LoraTarget t) {
-  static const char* names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  static const char* names[] = {"attn_q",   "attn_k",         "attn_v",       "attn_output",   "ffn_gate",
+                                "ffn_up",   "ffn_down",       "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
   return int(t) < int(LoraTarget::Count) ? names[int(t)] : "?";
 }
 

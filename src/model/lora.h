@@ -15,9 +15,11 @@
 
 namespace serval {
 
-// The matrix products an adapter may change, in a layer.
-enum class LoraTarget { Q, K, V, O, Gate, Up, Down, Count };
-const char* lora_target_name(LoraTarget t);  // GGUF's: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
+// The matrix products an adapter may change, in a layer: attention, the dense FFN, a mixture-of-experts
+// layer's shared expert (the routed experts' are LoraAdapter::experts).
+enum class LoraTarget { Q, K, V, O, Gate, Up, Down, ShGate, ShUp, ShDown, Count };
+// GGUF's: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp
+const char* lora_target_name(LoraTarget t);
 
 struct LoraPair {
   WeightMatrix a;   // [rank, in] (F32, owned by the adapter)
@@ -32,6 +34,13 @@ struct LoraAdapter {
   float alpha = 0;
   float scale = 1;  // the user's scale (--lora-scaled); the update is scale * alpha / rank * B A x
   std::vector<std::array<LoraPair, size_t(LoraTarget::Count)>> layers;
+  // The routed experts' updates: [layer][expert][0 gate, 1 up, 2 down]; empty where a layer has none.
+  std::vector<std::vector<std::array<LoraPair, 3>>> experts;
+  const LoraPair* expert_pair(int64_t il, int64_t e, int kind) const {
+    if (size_t(il) >= experts.size() || experts[size_t(il)].empty()) return nullptr;
+    const LoraPair& p = experts[size_t(il)][size_t(e)][size_t(kind)];
+    return p.empty() ? nullptr : &p;
+  }
   std::vector<std::vector<float>> storage;  // the F32 data the pairs point into
   float factor(float user_scale) const { return user_scale * alpha / float(rank); }
 };

@@ -397,8 +397,14 @@ void Model::ffn_block(int64_t il, const Batch& batch, std::vector<float>& x, Sha
       if (e < 0 && observer_) observer_(name, in, rows, cols);
       if (e >= 0 && expert_observer_) expert_observer_(name, e, c.n_expert, in, rows, cols);
     };
+    // Each row's adapter updates the expert it runs (the shared expert's: LoraTarget::ShGate ...).
+    const MoeLora lora = [&](int64_t e, int kind, const int64_t* tokens, int64_t m, const float* in, int64_t cols, float* y) {
+      lora_rows(batch, [&](const LoraAdapter& a) {
+        return e < 0 ? &a.layers[size_t(il)][size_t(LoraTarget::ShGate) + size_t(kind)] : a.expert_pair(il, e, kind);
+      }, tokens, m, in, cols, y);
+    };
     moe_ffn(c, L, h.data(), n_tok, out.data(), expert_tokens_.data() + il * c.n_expert,
-            observer_ || expert_observer_ ? &sight : nullptr);
+            observer_ || expert_observer_ ? &sight : nullptr, batch.adapter.empty() ? nullptr : &lora);
     if (io && c.shard.tp > 1) io->tp_sum(out.data(), n_tok * c.n_embd);  // each rank's expert columns
     return add_rows(x.data(), out.data(), n_tok, c.n_embd);
   }
@@ -447,7 +453,13 @@ bool Model::has_adapter(int32_t id) const {
 
 void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const {
   if (batch.adapter.empty()) return;
-  // The step's tokens grouped by adapter (Punica / S-LoRA's segments), in order of first appearance.
+  lora_rows(batch, [&](const LoraAdapter& a) { return &a.layers[size_t(il)][size_t(target)]; }, nullptr,
+            int64_t(batch.size()), x, cols, y);
+}
+
+void Model::lora_rows(const Batch& batch, const std::function<const LoraPair*(const LoraAdapter&)>& pair_of,
+                      const int64_t* tokens, int64_t m, const float* x, int64_t cols, float* y) const {
+  // The rows grouped by adapter (Punica / S-LoRA's segments), in order of first appearance.
   struct Group {
     const LoraPair* pair;
     std::vector<int64_t> tokens;
@@ -455,18 +467,19 @@ void Model::apply_lora(int64_t il, LoraTarget target, const Batch& batch, const 
   };
   std::vector<Group> groups;
   std::vector<int> group_of(adapters_.size(), -1);
-  for (size_t t = 0; t < batch.adapter.size(); ++t) {
+  for (int64_t i = 0; i < m; ++i) {
+    const size_t t = size_t(tokens ? tokens[i] : i);
     const int ai = batch.adapter[t];
     if (ai < 0) continue;
     const LoraAdapter& a = *adapters_[size_t(ai)];
-    const LoraPair& p = a.layers[size_t(il)][size_t(target)];
-    if (p.empty()) continue;
+    const LoraPair* p = pair_of(a);
+    if (!p || p->empty()) continue;
     if (group_of[size_t(ai)] < 0) {
       group_of[size_t(ai)] = int(groups.size());
-      groups.push_back({&p, {}, {}});
+      groups.push_back({p, {}, {}});
     }
     Group& g = groups[size_t(group_of[size_t(ai)])];
-    g.tokens.push_back(int64_t(t));
+    g.tokens.push_back(i);
     g.factors.push_back(a.factor(batch.adapter_scale[t]));
   }
   if (groups.empty()) return;

@@ -255,6 +255,10 @@ class Model {
   // [n_tok][cols], y [n_tok][out]. A token's rows are computed alone (the other tokens and adapters of
   // the batch do not change them).
   void apply_lora(int64_t il, LoraTarget target, const Batch& batch, const float* x, int64_t cols, float* y) const;
+  // y [m][out] += each row's adapter update of the product `pair_of(adapter)` gives (null or empty:
+  // none), of x [m][cols]; row i is the batch's token tokens[i] (tokens null: token i).
+  void lora_rows(const Batch& batch, const std::function<const LoraPair*(const LoraAdapter&)>& pair_of,
+                 const int64_t* tokens, int64_t m, const float* x, int64_t cols, float* y) const;
 
   // Reports x[n_tok][cols] to the observer, if any, as the input of "blk.{il}.{kind}.weight" for each
   // kind (il < 0: the un-numbered "{kind}.weight").

@@ -36,6 +36,8 @@ struct FfnSight {
   const MoeObserver* observe = nullptr;
   const char *gate = "", *up = "", *down = "";
   int64_t expert = -1;
+  const MoeLora* lora = nullptr;     // adapters' updates (null: none) of this expert's products
+  const int64_t* tokens = nullptr;   // the step's token of each row, for lora
 };
 
 void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMatrix& up_w, const WeightMatrix& down_w,
@@ -48,6 +50,10 @@ void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMa
   }
   const cpu::MatmulOut gate_up[] = {{&gate_w, gate.data()}, {&up_w, up.data()}};
   cpu::matmul_many(gate_up, x, m);
+  if (sight.lora) {
+    (*sight.lora)(sight.expert, 0, sight.tokens, m, x, gate_w.cols, gate.data());
+    (*sight.lora)(sight.expert, 1, sight.tokens, m, x, up_w.cols, up.data());
+  }
   add_row_bias(gate.data(), bias.gate, m, n_ff);
   add_row_bias(up.data(), bias.up, m, n_ff);
   parallel_for(m, [&](int64_t t) {
@@ -57,16 +63,19 @@ void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMa
   });
   if (sight.observe) (*sight.observe)(sight.down, sight.expert, gate.data(), m, n_ff);
   cpu::matmul(down_w, gate.data(), y, m);
+  if (sight.lora) (*sight.lora)(sight.expert, 2, sight.tokens, m, gate.data(), n_ff, y);
   add_row_bias(y, bias.down, m, down_w.rows);
 }
 
 // out[t] += sigmoid(gate . h[t]) * SwiGLU_shared(h[t]) (Qwen2-MoE's shared expert; DeepSeek's have no
 // gate: added as they are).
 void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out,
-                       const MoeObserver* observe) {
+                       const MoeObserver* observe, const MoeLora* lora) {
   std::vector<float> y(size_t(n_tok * c.n_embd));
+  std::vector<int64_t> tokens(static_cast<size_t>(n_tok));
+  std::iota(tokens.begin(), tokens.end(), 0);
   expert_ffn(c, L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data(), {},
-             {observe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", -1});
+             {observe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", -1, lora, tokens.data()});
   parallel_for(n_tok, [&](int64_t t) {
     const float g = L.sh_router.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
     float* o = out + t * c.n_embd;
@@ -117,7 +126,7 @@ MoeRouting route_tokens(const ModelConfig& c, const float* logits, int64_t n_tok
 }
 
 void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out,
-             std::atomic<uint64_t>* expert_tokens, const MoeObserver* observe) {
+             std::atomic<uint64_t>* expert_tokens, const MoeObserver* observe, const MoeLora* lora) {
   const int64_t d = c.n_embd;
   std::vector<float> logits(size_t(n_tok * c.n_expert));
   if (observe) (*observe)("ffn_gate_inp", -1, h, n_tok, d);
@@ -140,13 +149,17 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
     const auto& entries = by_expert[size_t(e)];
     const int64_t m = int64_t(entries.size());
     std::vector<float> x(size_t(m * d)), y(size_t(m * d));
-    for (int64_t i = 0; i < m; ++i) std::copy_n(h + entries[size_t(i)] / r.k * d, d, x.begin() + i * d);
+    std::vector<int64_t> tokens(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) {
+      tokens[size_t(i)] = entries[size_t(i)] / r.k;
+      std::copy_n(h + tokens[size_t(i)] * d, d, x.begin() + i * d);
+    }
     ExpertBias bias;  // split over TP ranks: this rank's columns of gate and up; down's on rank 0 only
     const int64_t n_ff = L.exp_gate[size_t(e)].rows;
     if (!L.exp_gate_b.empty()) bias.gate = L.exp_gate_b.data() + e * n_ff, bias.up = L.exp_up_b.data() + e * n_ff;
     if (!L.exp_down_b.empty()) bias.down = L.exp_down_b.data() + e * d;
     expert_ffn(c, L.exp_gate[size_t(e)], L.exp_up[size_t(e)], L.exp_down[size_t(e)], x.data(), m, y.data(), bias,
-               {observe, "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", e});
+               {observe, "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", e, lora, tokens.data()});
     for (int64_t i = 0; i < m; ++i) std::copy_n(y.begin() + i * d, d, ys.begin() + entries[size_t(i)] * d);
   };
   // Decode and small batches: each expert's few rows are matrix-vector products, so the experts run
@@ -167,7 +180,7 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& L, const float* h, int64_
       for (int64_t i = 0; i < d; ++i) o[i] += w * yj[i];
     }
   });
-  if (c.n_ff_shexp > 0) add_shared_expert(c, L, h, n_tok, out, observe);
+  if (c.n_ff_shexp > 0) add_shared_expert(c, L, h, n_tok, out, observe, lora);
 }
 
 }  // namespace serval

@@ -788,6 +788,61 @@ void convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, 
   w.write(out_path);
 }
 
+namespace {
+// One tensor of a GGUF adapter: a PEFT matrix, or one product's A (or B) of every routed expert,
+// stacked in expert order as llama.cpp's convert_lora_to_gguf.py writes them.
+struct LoraOut {
+  std::string name;
+  std::vector<const TensorRef*> parts;
+};
+
+// The adapter's tensors under their GGUF names, sorted; `rank` from the A matrices. Experts (PEFT's
+// mlp.experts.E.gate_proj, Mixtral's block_sparse_moe.experts.E.w1) must cover every expert of the base.
+std::vector<LoraOut> lora_tensors(const SafetensorsFile& file, const ArchInfo& a, const std::string& peft_dir,
+                                  int64_t& rank) {
+  static const std::regex re(
+      R"((?:base_model\.model\.)?(model\.layers\.\d+\.\w+\.\w+(?:\.\w+)?)\.lora_(A|B)(?:\.default)?\.weight)");
+  static const std::regex expert_re(
+      R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.lora_(A|B)(?:\.default)?\.weight)");
+  static const std::map<std::string, std::string> kinds = {{"gate_proj", "ffn_gate"}, {"up_proj", "ffn_up"},
+                                                           {"down_proj", "ffn_down"}, {"w1", "ffn_gate"},
+                                                           {"w3", "ffn_up"},          {"w2", "ffn_down"}};
+  std::vector<LoraOut> out;
+  std::map<std::string, std::map<int64_t, const TensorRef*>> stacks;  // GGUF name -> expert -> matrix
+  for (const auto& t : file.tensors()) {
+    std::smatch m;
+    check(t.ne.size() == 2, "{}: tensor '{}' is not a matrix", peft_dir, t.name);
+    const bool is_a = t.name.find(".lora_A.") != std::string::npos;
+    if (is_a) rank = int64_t(t.ne[1]);
+    if (std::regex_match(t.name, m, expert_re)) {
+      const auto kind = kinds.find(m[3].str());
+      check(kind != kinds.end(), "{}: tensor '{}' targets an unsupported expert module", peft_dir, t.name);
+      const int64_t e = std::stoll(m[2].str());
+      check(e >= 0 && e < a.n_expert, "{}: tensor '{}' is for expert {}, the base has {}", peft_dir, t.name, e, a.n_expert);
+      stacks["blk." + m[1].str() + "." + kind->second + "_exps.weight" + (is_a ? ".lora_a" : ".lora_b")][e] = &t;
+      continue;
+    }
+    check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix", peft_dir, t.name);
+    const std::string name = gguf_tensor_name(a.arch, m[1].str() + ".weight");
+    check(!name.empty(), "{}: tensor '{}' targets a module GGUF does not name", peft_dir, t.name);
+    out.push_back({name + (m[2] == "A" ? ".lora_a" : ".lora_b"), {&t}});
+  }
+  for (const auto& [name, per] : stacks) {
+    check(int64_t(per.size()) == a.n_expert, "{}: '{}' has updates for {} of the {} experts (GGUF stacks all of them)",
+          peft_dir, name, per.size(), a.n_expert);
+    LoraOut o{name, {}};
+    for (const auto& [e, t] : per) {
+      check(t->ne == per.begin()->second->ne, "{}: the experts' matrices of '{}' differ in shape", peft_dir, name);
+      o.parts.push_back(t);
+    }
+    out.push_back(std::move(o));
+  }
+  check(rank > 0, "{}: no LoRA tensors", peft_dir);
+  std::sort(out.begin(), out.end(), [](const LoraOut& x, const LoraOut& y) { return x.name < y.name; });
+  return out;
+}
+}  // namespace
+
 void convert_lora_to_gguf(const std::string& peft_dir, const std::string& base_dir, const std::string& out_path,
                           DType outtype) {
   check(outtype == DType::F32 || outtype == DType::F16 || outtype == DType::BF16,
@@ -810,31 +865,27 @@ void convert_lora_to_gguf(const std::string& peft_dir, const std::string& base_d
   w.add_string("general.name", dir.filename().string());
   w.add_string("adapter.type", "lora");
   int64_t rank = 0;
-  static const std::regex re(R"((?:base_model\.model\.)?(model\.layers\.\d+\.\w+\.\w+)\.lora_(A|B)(?:\.default)?\.weight)");
-  std::vector<std::pair<std::string, const TensorRef*>> tensors;
-  for (const auto& t : file.tensors()) {
-    std::smatch m;
-    check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix", peft_dir, t.name);
-    const std::string name = gguf_tensor_name(a.arch, m[1].str() + ".weight");
-    check(!name.empty(), "{}: tensor '{}' targets a module GGUF does not name", peft_dir, t.name);
-    check(t.ne.size() == 2, "{}: tensor '{}' is not a matrix", peft_dir, t.name);
-    if (m[2] == "A") rank = int64_t(t.ne[1]);
-    tensors.emplace_back(name + (m[2] == "A" ? ".lora_a" : ".lora_b"), &t);
-  }
-  check(rank > 0, "{}: no LoRA tensors", peft_dir);
+  const std::vector<LoraOut> tensors = lora_tensors(file, a, peft_dir, rank);
   float alpha = ac.value("lora_alpha", float(rank));
   if (ac.value("use_rslora", false)) alpha *= std::sqrt(float(rank));
   w.add_f32("adapter.lora.alpha", alpha);
-  std::sort(tensors.begin(), tensors.end());
-  for (const auto& [name, t] : tensors) {
-    std::vector<float> x = to_floats(*t);
+  for (const auto& [name, parts] : tensors) {
+    std::vector<float> x;
+    for (const TensorRef* t : parts) {
+      const std::vector<float> part = to_floats(*t);
+      x.insert(x.end(), part.begin(), part.end());
+    }
+    const TensorRef& t = *parts[0];
     const bool q = name.find(".attn_q.") != std::string::npos, k = name.find(".attn_k.") != std::string::npos;
     if (a.arch == "llama" && name.ends_with(".lora_b") && (q || k))
-      x = permute_rope_rows(x.data(), t->ne[1], t->ne[0], q ? a.n_head : a.n_head_kv);
-    std::vector<uint8_t> out(row_bytes(outtype, t->ne[0]) * t->ne[1]);
-    for (uint64_t r = 0; r < t->ne[1]; ++r)
-      quantize_row(outtype, x.data() + r * t->ne[0], out.data() + r * row_bytes(outtype, t->ne[0]), t->ne[0]);
-    w.add_tensor(name, t->ne, uint32_t(outtype), out.data(), out.size());
+      x = permute_rope_rows(x.data(), t.ne[1], t.ne[0], q ? a.n_head : a.n_head_kv);
+    const uint64_t rows = t.ne[1] * parts.size();
+    std::vector<uint8_t> out(row_bytes(outtype, t.ne[0]) * rows);
+    for (uint64_t r = 0; r < rows; ++r)
+      quantize_row(outtype, x.data() + r * t.ne[0], out.data() + r * row_bytes(outtype, t.ne[0]), t.ne[0]);
+    std::vector<uint64_t> ne = t.ne;
+    if (parts.size() > 1) ne.push_back(parts.size());  // [in or rank, rank or out, n_expert]
+    w.add_tensor(name, ne, uint32_t(outtype), out.data(), out.size());
   }
   w.write(out_path);
 }

@@ -105,14 +105,14 @@ def random_peft(out, weights, modules, rank=4, alpha=8, std=0.05):
     return tensors, alpha / rank
 
 
-def test_mixture_of_experts_attention_adapter_equals_merged_weights(tmp_path):
-    """On a mixture-of-experts model (the tiny random Qwen3-MoE of the models' tests) an adapter on the
-    attention projections gives the outputs of W + (alpha / r) B A merged here with numpy (both models in
-    F32); one on the FFN of an MoE layer is refused (its experts take no adapters), never ignored."""
+def family_dirs(tmp_path, family, adapter_modules, std=0.05):
+    """The tiny random `family` of the models' tests in F32 ("base"), a random PEFT adapter on the modules
+    named (suffixes under model.layers.L), and the base with W + (alpha / r) B A merged here with numpy
+    ("merged"); returns (dirs, adapter dir, adapter tensors, the reference rows)."""
     fam = DATA / "families"
-    src = fam / "qwen3moe"
+    src = fam / family
     weights = {k: v.astype(np.float32) for k, v in read_safetensors(src / "model.safetensors").items()}
-    adapter, factor = random_peft(tmp_path / "attn", weights, ["self_attn.q_proj", "self_attn.o_proj"])
+    adapter, factor = random_peft(tmp_path / "adapter", weights, adapter_modules, std=std)
     merged = dict(weights)
     for key, a in adapter.items():
         if ".lora_A." in key:
@@ -126,10 +126,18 @@ def test_mixture_of_experts_attention_adapter_equals_merged_weights(tmp_path):
             if f.name != "model.safetensors":
                 shutil.copy(f, d / f.name)
         write_safetensors(d / "model.safetensors", tensors)
-    rows = json.loads((fam / "reference.json").read_text())["qwen3moe"]
+    rows = [{"prompt": r["prompt"], "continuation": r["greedy"]}
+            for r in json.loads((fam / "reference.json").read_text())[family]]
+    return dirs, tmp_path / "adapter", adapter, rows
+
+
+def test_mixture_of_experts_attention_adapter_equals_merged_weights(tmp_path):
+    """On a mixture-of-experts model (the tiny random Qwen3-MoE of the models' tests) an adapter on the
+    attention projections gives the outputs of W + (alpha / r) B A merged here with numpy (both models in
+    F32); PEFT's dense-FFN names on a layer whose FFN is experts are refused, never ignored."""
+    dirs, adapter, _, rows = family_dirs(tmp_path, "qwen3moe", ["self_attn.q_proj", "self_attn.o_proj"])
     for row in rows:
-        row = {"prompt": row["prompt"], "continuation": row["greedy"]}
-        with_adapter = score(dirs["base"], row, "--lora", tmp_path / "attn")
+        with_adapter = score(dirs["base"], row, "--lora", adapter)
         assert worst(with_adapter, score(dirs["merged"], row)) <= TOL
         assert worst(with_adapter, score(dirs["base"], row)) > 100 * TOL  # the adapter does something
     # PEFT's names for a dense FFN, on layers whose FFN is experts
@@ -137,6 +145,93 @@ def test_mixture_of_experts_attention_adapter_equals_merged_weights(tmp_path):
     random_peft(tmp_path / "ffn", dense, ["mlp.up_proj"])
     p = run("score", "-m", dirs["base"], "-p", "x", "--ids", "1", "--lora", tmp_path / "ffn", check=False)
     assert p.returncode != 0 and "mixture-of-experts layer" in p.stderr, p.stderr
+
+
+def gguf_expert_adapter(path, arch, adapter, n_expert, alpha):
+    """The PEFT expert adapter as llama.cpp's convert_lora_to_gguf.py writes one: each layer's experts'
+    A (and B) stacked into one 3-D tensor per product, blk.L.ffn_gate_exps.weight.lora_a, ...; the
+    shared expert's as blk.L.ffn_gate_shexp.weight.lora_a."""
+    import gguf  # PyPI's, installed by scripts/setup
+    names = {"gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down", "w1": "ffn_gate", "w3": "ffn_up",
+             "w2": "ffn_down"}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(alpha))
+    stacks, shared = {}, {}
+    for key, x in adapter.items():
+        parts = key.replace("base_model.model.model.layers.", "").split(".")
+        il, ab = int(parts[0]), "a" if parts[-2] == "lora_A" else "b"
+        if "experts" in parts:
+            e, module = int(parts[parts.index("experts") + 1]), parts[parts.index("experts") + 2]
+            stacks.setdefault((il, names[module], ab), {})[e] = x
+        else:
+            shared[f"blk.{il}.{names[parts[-3]]}_shexp.weight.lora_{ab}"] = x
+    for (il, kind, ab), per in sorted(stacks.items()):
+        assert sorted(per) == list(range(n_expert))
+        w.add_tensor(f"blk.{il}.{kind}_exps.weight.lora_{ab}", np.stack([per[e] for e in range(n_expert)]))
+    for name, x in sorted(shared.items()):
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("family, modules, n_expert", [
+    ("qwen2moe", ["experts.{}.gate_proj", "experts.{}.up_proj", "experts.{}.down_proj", "shared_expert.gate_proj",
+                  "shared_expert.down_proj"], 6),
+    ("mixtral", ["experts.{}.w1", "experts.{}.w2", "experts.{}.w3"], 4)])
+def test_expert_adapter_equals_merged_weights(tmp_path, family, modules, n_expert):
+    """An adapter on every routed expert's gate, up and down products (PEFT's names: Qwen-MoE's
+    mlp.experts.E.gate_proj, Mixtral's block_sparse_moe.experts.E.w1) and on Qwen2-MoE's shared expert
+    gives the outputs of the merged weights; so does the same adapter in llama.cpp's GGUF layout (the
+    experts' A and B stacked per product, written here with PyPI's gguf), and as `serval convert` writes it."""
+    modules = [m.format(e) for m in modules for e in range(n_expert if "{}" in m else 1)]
+    dirs, adapter, tensors, rows = family_dirs(tmp_path, family, modules, std=0.3)
+    assert any(".experts." in k for k in tensors)
+    gguf_adapter = tmp_path / "adapter.gguf"
+    arch = "llama" if family == "mixtral" else family
+    gguf_expert_adapter(gguf_adapter, arch, tensors, n_expert, 8)
+    converted = tmp_path / "converted.gguf"  # Serval's own conversion stacks the experts the same way
+    run("convert", adapter, converted, "--base", dirs["base"], "--outtype", "f32")
+    for row in rows:
+        merged = score(dirs["merged"], row)
+        assert worst(score(dirs["base"], row, "--lora", adapter), merged) <= TOL
+        assert worst(score(dirs["base"], row, "--lora", gguf_adapter), merged) <= TOL
+        assert worst(score(dirs["base"], row, "--lora", converted), merged) <= TOL
+        assert worst(merged, score(dirs["base"], row)) > 100 * TOL  # the adapter does something
+
+
+def test_expert_adapters_mixed_in_one_batch_are_each_alone(tmp_path):
+    """The experts group a step's tokens across requests: two adapters on the routed and shared experts and
+    the base, at once, give every request the bits it gets alone (each row its own adapter's update)."""
+    modules = [f"experts.{e}.{p}" for e in range(6) for p in ("gate_proj", "up_proj", "down_proj")]
+    modules += ["shared_expert.up_proj"]
+    dirs, first, _, _ = family_dirs(tmp_path / "one", "qwen2moe", modules, std=0.3)
+    weights = {k: v.astype(np.float32) for k, v in read_safetensors(dirs["base"] / "model.safetensors").items()}
+    second = tmp_path / "two"
+    random_peft(second, {k: v for k, v in weights.items() if "layers.1." in k}, modules, std=0.4)
+    s = Server(dirs["base"], "--lora", f"x={first}", "--lora", f"y={second}", "--kv-cache-dtype", "f32", name="moe")
+    try:
+        prompts = ["Once upon a time", "The dog ran to the", "Tom was sad", "Lily and Ben went"]
+        models = ["x", "y", "moe", "x"]
+        alone = [complete(s, m, p, {"max_tokens": 16}) for m, p in zip(models, prompts)]
+        assert len({tuple(a[1]) for a in alone[:3]}) == 3
+        results = {}
+
+        def worker(i):
+            results[i] = complete(s, models[i], prompts[i], {"max_tokens": 16})
+
+        for _ in range(2):
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert [results[i] for i in range(4)] == alone
+    finally:
+        assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
