@@ -122,6 +122,28 @@ void add_rows(float* x, const float* y, int64_t n_tok, int64_t n) {
   });
 }
 
+// OLMoE's query and key norms span all heads; a TP rank holds some of them. Each rank's sums of squares
+// per token (its query values; its key values where it is the first rank of its KV heads, which ranks
+// beyond the KV heads' count replicate) are added over the ranks, then each rank scales its own
+// values as rms_norm does, by its slice of the norm weights.
+void split_whole_qk_norm(float* q, int64_t q_dim, const float* wq, float* k, int64_t kv_dim, const float* wk,
+                         bool k_owner, int64_t n_tok, const ModelConfig& c, ShardIo& io) {
+  std::vector<float> ss(static_cast<size_t>(2 * n_tok));
+  parallel_for(n_tok, [&](int64_t t) {
+    double a = 0, b = 0;
+    for (int64_t i = 0; i < q_dim; ++i) a += double(q[t * q_dim + i]) * q[t * q_dim + i];
+    for (int64_t i = 0; k_owner && i < kv_dim; ++i) b += double(k[t * kv_dim + i]) * k[t * kv_dim + i];
+    ss[size_t(2 * t)] = float(a), ss[size_t(2 * t + 1)] = float(b);
+  });
+  io.tp_sum(ss.data(), 2 * n_tok);
+  parallel_for(n_tok, [&](int64_t t) {
+    const float sq = float(1.0 / std::sqrt(double(ss[size_t(2 * t)]) / double(c.q_dim()) + c.norm_eps));
+    const float sk = float(1.0 / std::sqrt(double(ss[size_t(2 * t + 1)]) / double(c.kv_dim()) + c.norm_eps));
+    for (int64_t i = 0; i < q_dim; ++i) q[t * q_dim + i] = q[t * q_dim + i] * sq * wq[i];
+    for (int64_t i = 0; i < kv_dim; ++i) k[t * kv_dim + i] = k[t * kv_dim + i] * sk * wk[i];
+  });
+}
+
 void add_bias(float* y, const std::vector<float>& b, int64_t n_tok) {
   if (b.empty()) return;
   const int64_t n = static_cast<int64_t>(b.size());
@@ -295,10 +317,15 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   add_bias(v.data(), L.bv, n_tok);
   const RopeTable& rope = ropes[swa ? 1 : 0];
   const float* centre = k_centre(il, kv);
+  const bool split_norm = c.qk_norm_whole && io && c.shard.tp > 1;
+  if (split_norm)
+    split_whole_qk_norm(q.data(), q_dim, L.q_norm.data(), k.data(), kv_dim, L.k_norm.data(),
+                        c.shard.head_begin == c.shard.kv_head_begin * (c.n_head / c.n_head_kv), n_tok, c, *io);
   parallel_for(n_tok, [&](int64_t t) {
     float* qt = q.data() + t * q_dim;
     float* kt = k.data() + t * kv_dim;
-    if (c.qk_norm_whole) {  // OLMoE: one norm over all heads
+    if (split_norm) {  // done above
+    } else if (c.qk_norm_whole) {  // OLMoE: one norm over all heads
       rms_norm(qt, L.q_norm.data(), qt, q_dim, c.norm_eps);
       rms_norm(kt, L.k_norm.data(), kt, kv_dim, c.norm_eps);
     } else if (c.qk_norm) {

@@ -255,6 +255,7 @@ void bind_layer(const ModelConfig& c, Binder& b, int64_t il, LayerWeights& L) {
   if (c.qk_norm) {
     L.q_norm = b.vector(p + "attn_q_norm.weight", c.qk_norm_whole ? c.q_dim() : c.d_head);
     L.k_norm = b.vector(p + "attn_k_norm.weight", c.qk_norm_whole ? c.kv_dim() : c.d_head);
+    if (c.qk_norm_whole) L.q_norm = slice(L.q_norm, q0, q1), L.k_norm = slice(L.k_norm, k0, k1);  // this rank's heads
   }
   if (c.post_norms) {
     L.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.n_embd);
@@ -282,9 +283,6 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup, cons
   ModelWeights w;
   Binder b(lookup, source, w.weight_bytes);
   const ShardLayout& s = c.shard;
-  // OLMoE's query and key norms span all heads, which a TP rank does not hold.
-  check(s.tp == 1 || !c.qk_norm_whole, "{}: --tp cannot split a model whose query/key norm spans all heads (OLMoE); "
-        "--pp can", source);
   w.tok_embd = b.matrix("token_embd.weight", c.n_vocab, c.n_embd);
   if (!s.split() || s.first_stage()) w.weight_bytes += matrix_bytes(w.tok_embd);
   w.output_norm = b.vector("output_norm.weight", c.n_embd);
