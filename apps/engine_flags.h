@@ -17,7 +17,7 @@ namespace serval::cli {
 struct SpecFlags {
   std::vector<std::string> method;  // METHOD, or `heads FILE`
   std::string model_draft, heads_file, draft_kv_memory = "256MiB";
-  int64_t draft_vocab = 65536;  // the draft model's logits: the vocabulary's first N tokens (0: all)
+  int64_t draft_vocab = 0;  // the draft model's logits: the vocabulary's first N tokens (0: all)
   SpeculativeConfig config;
   std::unique_ptr<Model> draft;           // loaded by load()
   std::unique_ptr<DecodingHeads> heads;   // loaded by load_heads()
@@ -41,7 +41,7 @@ struct SpecFlags {
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
     cmd->add_option("--draft-vocab", draft_vocab,
                     "the draft model computes logits for the vocabulary's first N tokens only, its most frequent "
-                    "in a BPE vocabulary (FR-Spec's reduced head; default 65536; 0: all)");
+                    "in a BPE vocabulary (FR-Spec's reduced head; default 0: all)");
     cmd->add_option("--spec-tree-width", config.tree_width,
                     "heads: candidates per head in a token tree; suffix: children per node (default 1: one chain)");
     cmd->add_option("--spec-heads-p-min", config.heads_p_min,

@@ -600,8 +600,8 @@ TEST(RealModelSpec, QwenPairAndPromptLookupGiveThePlainTokens) {
 
 // A draft model with a reduced head (the vocabulary's first N logits, `--draft-vocab`) proposes only
 // tokens below N and scores its confidence among them: the target's tokens stay exactly the plain
-// ones, whether N = 256 leaves most of the 1.5B's tokens out of the draft's reach or N = 65536 (the
-// default) nearly none.
+// ones, whether N = 256 leaves most of the 1.5B's tokens out of the draft's reach or N = 65536 nearly
+// none.
 TEST(RealModelSpec, DraftWithReducedHeadGivesThePlainTokens) {
   const std::string small = test::cached_model("qwen2.5-coder-0.5b-instruct");
   const std::string large = test::cached_model("qwen2.5-coder-1.5b-instruct");
