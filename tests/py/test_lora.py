@@ -214,22 +214,9 @@ def test_expert_adapters_mixed_in_one_batch_are_each_alone(tmp_path):
     random_peft(second, {k: v for k, v in weights.items() if "layers.1." in k}, modules, std=0.4)
     s = Server(dirs["base"], "--lora", f"x={first}", "--lora", f"y={second}", "--kv-cache-dtype", "f32", name="moe")
     try:
-        prompts = ["Once upon a time", "The dog ran to the", "Tom was sad", "Lily and Ben went"]
-        models = ["x", "y", "moe", "x"]
-        alone = [complete(s, m, p, {"max_tokens": 16}) for m, p in zip(models, prompts)]
-        assert len({tuple(a[1]) for a in alone[:3]}) == 3
-        results = {}
-
-        def worker(i):
-            results[i] = complete(s, models[i], prompts[i], {"max_tokens": 16})
-
-        for _ in range(2):
-            threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert [results[i] for i in range(4)] == alone
+        alone = together_equals_alone(s, ["x", "y", "moe", "x"],
+                                      ["Once upon a time", "The dog ran to the", "Tom was sad", "Lily and Ben went"], 16)
+        assert len({tuple(a[1]) for a in alone[:3]}) == 3  # the two adapters and the base differ
     finally:
         assert s.stop() == 0
 
@@ -248,6 +235,25 @@ def complete(server, model, prompt, extra=None):
     assert status == 200, out
     lp = out["choices"][0]["logprobs"]
     return out["choices"][0]["text"], lp["token_logprobs"]
+
+
+def together_equals_alone(server, models, prompts, max_tokens):
+    """Each (model, prompt) completed alone, then all at once from threads, twice: the outputs (text and
+    log-probabilities) must be the same bits. Returns the outputs alone."""
+    alone = [complete(server, m, p, {"max_tokens": max_tokens}) for m, p in zip(models, prompts)]
+    results = {}
+
+    def worker(i):
+        results[i] = complete(server, models[i], prompts[i], {"max_tokens": max_tokens})
+
+    for _ in range(2):
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(models))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [results[i] for i in range(len(models))] == alone
+    return alone
 
 
 def test_models_and_lora_adapters_list_them(server):
@@ -279,20 +285,7 @@ def test_mixed_adapters_in_one_batch_are_each_alone(server):
     gets alone."""
     prompts = [REF["stories-a"][2]["prompt"], REF["stories-b"][0]["prompt"], REF["stories-c"][1]["prompt"],
                "Lily and Ben went"]
-    models = ["a", "b", "stories-c", "stories"]
-    alone = [complete(server, m, p, {"max_tokens": 24}) for m, p in zip(models, prompts)]
-    results = {}
-
-    def worker(i):
-        results[i] = complete(server, models[i], prompts[i], {"max_tokens": 24})
-
-    for _ in range(2):
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert [results[i] for i in range(4)] == alone
+    together_equals_alone(server, ["a", "b", "stories-c", "stories"], prompts, 24)
 
 
 @pytest.mark.parametrize("body,status,needle", [
