@@ -227,19 +227,14 @@ void load_peft(const fs::path& dir, const ModelConfig& c, LoraAdapter& a) {
   const SafetensorsFile file((dir / "adapter_model.safetensors").string());
   Builder b(c, a);
   static const std::regex re(R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(\w+\.\w+(?:\.\w+)?)\.lora_(A|B)(?:\.default)?\.weight)");
-  // Routed experts: Qwen-MoE's / OLMoE's mlp.experts.E.gate_proj, Mixtral's block_sparse_moe.experts.E.w1.
-  static const std::regex expert_re(
-      R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.lora_(A|B)(?:\.default)?\.weight)");
   const int permute = c.rope_style == RopeStyle::Interleaved ? 1 : 0;  // a GGUF llama base
   for (const auto& t : file.tensors()) {
     std::smatch m;
-    if (std::regex_match(t.name, m, expert_re)) {
-      const int kind = expert_kind(m[3]);
-      check(kind >= 0 && t.ne.size() == 2, "{}: tensor '{}' targets an unsupported expert module", dir.string(), t.name);
+    if (const auto e = parse_peft_expert(t.name)) {
+      check(e->kind >= 0 && t.ne.size() == 2, "{}: tensor '{}' targets an unsupported expert module", dir.string(), t.name);
       std::vector<float> x(size_t(t.ne[0] * t.ne[1]));
       dequantize_row(t.type, t.data, x.data(), x.size());
-      b.set_expert(std::stoll(m[1]), std::stoll(m[2]), kind, m[4] == "A", std::move(x), int64_t(t.ne[1]),
-                   int64_t(t.ne[0]), t.name);
+      b.set_expert(e->layer, e->expert, e->kind, e->is_a, std::move(x), int64_t(t.ne[1]), int64_t(t.ne[0]), t.name);
       continue;
     }
     check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix", dir.string(), t.name);
@@ -254,6 +249,19 @@ void load_peft(const fs::path& dir, const ModelConfig& c, LoraAdapter& a) {
 }
 
 }  // namespace lora_load
+
+std::optional<PeftExpertTensor> parse_peft_expert(const std::string& name) {
+  static const std::regex re(
+      R"((?:base_model\.model\.)?model\.layers\.(\d{1,9})\.(?:mlp|block_sparse_moe)\.experts\.(\d{1,9})\.(\w+)\.lora_(A|B)(?:\.default)?\.weight)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return std::nullopt;
+  return PeftExpertTensor{std::stoll(m[1]), std::stoll(m[2]), lora_load::expert_kind(m[3]), m[4] == "A"};
+}
+
+const char* expert_gguf_name(int kind) {
+  static const char* names[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+  return kind >= 0 && kind < 3 ? names[kind] : "?";
+}
 
 const char* lora_target_name(LoraTarget t) {
   static const char* names[] = {"attn_q",   "attn_k",         "attn_v",       "attn_output",   "ffn_gate",

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,19 @@ struct LoraAdapter {
   std::vector<std::vector<float>> storage;  // the F32 data the pairs point into
   float factor(float user_scale) const { return user_scale * alpha / float(rank); }
 };
+
+// A PEFT tensor of a routed expert's update (Qwen-MoE's / OLMoE's
+// model.layers.L.mlp.experts.E.gate_proj.lora_A.weight, Mixtral's block_sparse_moe.experts.E.w1...):
+// its layer, expert, product (0 gate, 1 up, 2 down; -1 for a module that is none of them), and
+// whether it is A. nullopt for a name of any other form.
+struct PeftExpertTensor {
+  int64_t layer = 0, expert = 0;
+  int kind = -1;
+  bool is_a = false;
+};
+std::optional<PeftExpertTensor> parse_peft_expert(const std::string& name);
+// GGUF's stacked name of a product kind: ffn_gate_exps, ffn_up_exps, ffn_down_exps.
+const char* expert_gguf_name(int kind);
 
 // Loads an adapter for a model of `config` (its architecture and shapes are checked; a split model
 // is refused). A llama model in GGUF keeps Q and K rows permuted for interleaved RoPE: a PEFT adapter's

@@ -18,6 +18,7 @@
 #include "io/tensor_names.h"
 #include "model/config.h"
 #include "model/gpt_oss.h"
+#include "model/lora.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize.h"
 #include "tokenizer/load.h"
@@ -802,11 +803,6 @@ std::vector<LoraOut> lora_tensors(const SafetensorsFile& file, const ArchInfo& a
                                   int64_t& rank) {
   static const std::regex re(
       R"((?:base_model\.model\.)?(model\.layers\.\d+\.\w+\.\w+(?:\.\w+)?)\.lora_(A|B)(?:\.default)?\.weight)");
-  static const std::regex expert_re(
-      R"((?:base_model\.model\.)?model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.lora_(A|B)(?:\.default)?\.weight)");
-  static const std::map<std::string, std::string> kinds = {{"gate_proj", "ffn_gate"}, {"up_proj", "ffn_up"},
-                                                           {"down_proj", "ffn_down"}, {"w1", "ffn_gate"},
-                                                           {"w3", "ffn_up"},          {"w2", "ffn_down"}};
   std::vector<LoraOut> out;
   std::map<std::string, std::map<int64_t, const TensorRef*>> stacks;  // GGUF name -> expert -> matrix
   for (const auto& t : file.tensors()) {
@@ -814,12 +810,11 @@ std::vector<LoraOut> lora_tensors(const SafetensorsFile& file, const ArchInfo& a
     check(t.ne.size() == 2, "{}: tensor '{}' is not a matrix", peft_dir, t.name);
     const bool is_a = t.name.find(".lora_A.") != std::string::npos;
     if (is_a) rank = int64_t(t.ne[1]);
-    if (std::regex_match(t.name, m, expert_re)) {
-      const auto kind = kinds.find(m[3].str());
-      check(kind != kinds.end(), "{}: tensor '{}' targets an unsupported expert module", peft_dir, t.name);
-      const int64_t e = std::stoll(m[2].str());
-      check(e >= 0 && e < a.n_expert, "{}: tensor '{}' is for expert {}, the base has {}", peft_dir, t.name, e, a.n_expert);
-      stacks["blk." + m[1].str() + "." + kind->second + "_exps.weight" + (is_a ? ".lora_a" : ".lora_b")][e] = &t;
+    if (const auto e = parse_peft_expert(t.name)) {
+      check(e->kind >= 0, "{}: tensor '{}' targets an unsupported expert module", peft_dir, t.name);
+      check(e->expert < a.n_expert, "{}: tensor '{}' is for expert {}, the base has {}", peft_dir, t.name, e->expert,
+            a.n_expert);
+      stacks[fmt::format("blk.{}.{}.weight.lora_{}", e->layer, expert_gguf_name(e->kind), e->is_a ? "a" : "b")][e->expert] = &t;
       continue;
     }
     check(std::regex_match(t.name, m, re), "{}: tensor '{}' is not a layer's LoRA matrix", peft_dir, t.name);
