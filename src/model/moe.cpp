@@ -37,7 +37,7 @@ struct FfnSight {
   const char *gate = "", *up = "", *down = "";
   int64_t expert = -1;
   const MoeLora* lora = nullptr;     // adapters' updates (null: none) of this expert's products
-  const int64_t* tokens = nullptr;   // the step's token of each row, for lora
+  const int64_t* tokens = nullptr;   // the step's token of each row, for lora (null: row i is token i)
 };
 
 void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMatrix& up_w, const WeightMatrix& down_w,
@@ -72,10 +72,8 @@ void expert_ffn(const ModelConfig& c, const WeightMatrix& gate_w, const WeightMa
 void add_shared_expert(const ModelConfig& c, const LayerWeights& L, const float* h, int64_t n_tok, float* out,
                        const MoeObserver* observe, const MoeLora* lora) {
   std::vector<float> y(size_t(n_tok * c.n_embd));
-  std::vector<int64_t> tokens(static_cast<size_t>(n_tok));
-  std::iota(tokens.begin(), tokens.end(), 0);
   expert_ffn(c, L.sh_gate, L.sh_up, L.sh_down, h, n_tok, y.data(), {},
-             {observe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", -1, lora, tokens.data()});
+             {observe, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", -1, lora, nullptr});
   parallel_for(n_tok, [&](int64_t t) {
     const float g = L.sh_router.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-cpu::dot(L.sh_router.data(), h + t * c.n_embd, c.n_embd)));
     float* o = out + t * c.n_embd;

@@ -35,7 +35,8 @@ MoeRouting route_tokens(const ModelConfig& config, const float* logits, int64_t 
 using MoeObserver = std::function<void(const char* kind, int64_t expert, const float* x, int64_t n_rows, int64_t cols)>;
 // LoRA updates of the experts' products (Model::ffn_block makes it from the step's adapters): adds to
 // y [m][out] the update of expert e's product `kind` (0 gate, 1 up, 2 down; e = -1: the shared
-// expert) of the rows x [m][in], row i being the step's token tokens[i], each by its own adapter.
+// expert) of the rows x [m][in], row i being the step's token tokens[i] (null: token i), each by its own
+// adapter.
 // Called from the experts' tasks, side by side.
 using MoeLora = std::function<void(int64_t e, int kind, const int64_t* tokens, int64_t m, const float* x, int64_t in,
                                    float* y)>;
