@@ -324,10 +324,11 @@ void Model::attention_block(int64_t il, const Batch& batch, const RopeTable* rop
   parallel_for(n_tok, [&](int64_t t) {
     float* qt = q.data() + t * q_dim;
     float* kt = k.data() + t * kv_dim;
-    if (split_norm) {  // done above
-    } else if (c.qk_norm_whole) {  // OLMoE: one norm over all heads
-      rms_norm(qt, L.q_norm.data(), qt, q_dim, c.norm_eps);
-      rms_norm(kt, L.k_norm.data(), kt, kv_dim, c.norm_eps);
+    if (c.qk_norm_whole) {  // OLMoE: one norm over all heads (split over TP ranks: done above)
+      if (!split_norm) {
+        rms_norm(qt, L.q_norm.data(), qt, q_dim, c.norm_eps);
+        rms_norm(kt, L.k_norm.data(), kt, kv_dim, c.norm_eps);
+      }
     } else if (c.qk_norm) {
       for (int64_t hd = 0; hd < n_head; ++hd) rms_norm(qt + hd * c.d_head, L.q_norm.data(), qt + hd * c.d_head, c.d_head, c.norm_eps);
       for (int64_t hd = 0; hd < n_head_kv; ++hd) rms_norm(kt + hd * c.d_head, L.k_norm.data(), kt + hd * c.d_head, c.d_head, c.norm_eps);
