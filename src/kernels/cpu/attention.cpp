@@ -40,6 +40,7 @@ struct VScalar {
   struct M {
     bool b[W];
   };
+  static constexpr bool kKeysInRegisters = false;  // single-query scores read transpose_keys' rows
   static T zero() { return set1(0.0f); }
   static T set1(float x) {
     T r;
@@ -49,6 +50,11 @@ struct VScalar {
   static T load(const float* p) {
     T r;
     std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static T load(const uint16_t* p) {  // F16 values, converted
+    T r;
+    for (int i = 0; i < W; ++i) r.v[i] = fp16_to_f32(p[i]);
     return r;
   }
   static void store(float* p, T x) { std::memcpy(p, x.v, sizeof x.v); }

@@ -21,9 +21,11 @@ struct V256 {
   static constexpr int kRowVectors = 1;  // 16 registers: one row vector x 8 accumulators
   static constexpr int kPvRows = 2, kPvDims = 4;  // pv_single: 8 accumulators, 4 values, a weight
   static constexpr int kQkRows = 4;                // qk_single: 4 rows x 2 vectors of keys
+  static constexpr bool kKeysInRegisters = false;  // single-query scores read transpose_keys' rows
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static T load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
   static T sub(T a, T b) { return _mm256_sub_ps(a, b); }

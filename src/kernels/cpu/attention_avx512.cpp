@@ -27,6 +27,7 @@ struct V512 {
   static T zero() { return _mm512_setzero_ps(); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static T load(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
   static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
@@ -54,48 +55,56 @@ struct V512 {
     }
   }
   static float lane0(T x) { return _mm512_cvtss_f32(x); }
-  // out[d * 16 + j] = rows[j][d] for the 16 rows of a key tile and d < D (D a multiple of 16): 16 x 16
-  // blocks transposed in registers (pairs of floats, then pairs of pairs, then 128-bit blocks).
-  // load(j, d0): dimensions d0 .. d0 + 15 of row j.
+  // k[i] = dimension d0 + i of the 16 rows of a key tile (i < 16): a 16 x 16 block transposed in
+  // registers (pairs of floats, then pairs of pairs, then 128-bit blocks). load(j, d0): dimensions
+  // d0 .. d0 + 15 of row j.
   template <class Load>
-  static void transpose_keys(Load load, int D, float* out) {
-    for (int d0 = 0; d0 < D; d0 += 16) {
-      __m512 r[16], t[16];
-      for (int j = 0; j < 16; ++j) r[j] = load(j, d0);
-      for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-      }
-      // s[g][c]: 128-bit block k holds dimension 4k + c of rows 4g .. 4g + 3.
-      __m512 s[4][4];
-      for (int g = 0; g < 4; ++g) {
-        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
-        const __m512d c = _mm512_castps_pd(t[4 * g + 2]), e = _mm512_castps_pd(t[4 * g + 3]);
-        s[g][0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        s[g][1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        s[g][2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
-        s[g][3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
-      }
-      for (int c = 0; c < 4; ++c) {
-        const __m512 lo01 = _mm512_shuffle_f32x4(s[0][c], s[1][c], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 hi01 = _mm512_shuffle_f32x4(s[0][c], s[1][c], _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512 lo23 = _mm512_shuffle_f32x4(s[2][c], s[3][c], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 hi23 = _mm512_shuffle_f32x4(s[2][c], s[3][c], _MM_SHUFFLE(3, 2, 3, 2));
-        float* o = out + int64_t(d0 + c) * 16;
-        _mm512_storeu_ps(o + 0 * 64, _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0)));
-        _mm512_storeu_ps(o + 1 * 64, _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1)));
-        _mm512_storeu_ps(o + 2 * 64, _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0)));
-        _mm512_storeu_ps(o + 3 * 64, _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1)));
-      }
+  static void transpose16(Load load, int d0, __m512* k) {
+    __m512 r[16], t[16];
+    for (int j = 0; j < 16; ++j) r[j] = load(j, d0);
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // s[g][c]: 128-bit block q holds dimension 4q + c of rows 4g .. 4g + 3.
+    __m512 s[4][4];
+    for (int g = 0; g < 4; ++g) {
+      const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * g + 2]), e = _mm512_castps_pd(t[4 * g + 3]);
+      s[g][0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      s[g][1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      s[g][2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+      s[g][3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512 lo01 = _mm512_shuffle_f32x4(s[0][c], s[1][c], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 hi01 = _mm512_shuffle_f32x4(s[0][c], s[1][c], _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512 lo23 = _mm512_shuffle_f32x4(s[2][c], s[3][c], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 hi23 = _mm512_shuffle_f32x4(s[2][c], s[3][c], _MM_SHUFFLE(3, 2, 3, 2));
+      k[c] = _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0));
+      k[c + 4] = _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1));
+      k[c + 8] = _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0));
+      k[c + 12] = _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1));
     }
   }
-  static void transpose_keys(const float* const* rows, int D, float* out) {
-    transpose_keys([&](int j, int d0) { return _mm512_loadu_ps(rows[j] + d0); }, D, out);
+  // Single-query scores take the transposed keys from registers (scores_rows_in_registers), 16
+  // dimensions at a time: key_block(rows, d0, k) as transpose16, F16 rows converted as they are loaded.
+  static constexpr bool kKeysInRegisters = true;
+  static void key_block(const float* const* rows, int d0, T* k) {
+    transpose16([&](int j, int d) { return _mm512_loadu_ps(rows[j] + d); }, d0, k);
   }
-  static void transpose_keys(const uint16_t* const* rows, int D, float* out) {  // F16 rows, converted
-    transpose_keys(
-        [&](int j, int d0) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + d0))); },
-        D, out);
+  static void key_block(const uint16_t* const* rows, int d0, T* k) {
+    transpose16([&](int j, int d) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + d))); },
+                d0, k);
+  }
+  // out[d * 16 + j] = rows[j][d] for the 16 rows of a key tile and d < D (D a multiple of 16).
+  template <class Row>
+  static void transpose_keys(const Row* const* rows, int D, float* out) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      __m512 k[16];
+      key_block(rows, d0, k);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + int64_t(d0 + i) * 16, k[i]);
+    }
   }
   static T f16_round(T x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T2); }  // into L2

@@ -85,10 +85,11 @@ static inline int64_t scratch_floats(int rows, int d_head, int w) {
   const int64_t nv = (rows + w - 1) / w;
   // Qt; first, last and 1/L per lane; per-vector first/last; the S/P tile; two states (chunk and
   // running); K and V tile rows; a zero row; for a single query: its sums (rows x dimensions), the
-  // keys transposed, its scores (rows x keys) and three floats per row; alignment padding between
-  // the parts.
-  return 2 * nv * w * int64_t(d_head) + 6 * nv * w + 2 * nv + 2 * int64_t(nv) * kKeyTile * w +
-         2 * state_floats(rows, d_head, w) + 3 * int64_t(kKeyTile) * d_head + d_head + 16 * 16;
+  // keys transposed, a chunk's scores where none are kept (scores_floats) and three floats per row
+  // and key tile of a chunk; alignment padding between the parts.
+  return 2 * nv * w * int64_t(d_head) + (3 + 3 * (kChunk / kKeyTile)) * nv * w + 2 * nv +
+         int64_t(nv) * kKeyTile * w + scores_floats(rows, w) + 2 * state_floats(rows, d_head, w) +
+         3 * int64_t(kKeyTile) * d_head + d_head + 16 * 16;
 }
 
 // Room for scores kept between the two passes (floats per task, and in all for a call split by

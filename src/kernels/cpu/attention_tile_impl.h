@@ -43,6 +43,7 @@ constexpr float kInf = __builtin_inff();
 // How far ahead a tile's rows are fetched. Measured (serval_bench_attention, 0.5B decode at 8K): 2
 // tiles 13.9 ms a step, 4 tiles 14.2, none 17.5; the first 64 bytes of each row only, 16.5.
 constexpr int kPrefetchTiles = 2;
+constexpr int kTilesPerChunk = int(kChunk / kKeyTile);
 
 // exp(x) for x <= 0 (larger x are clamped at 88): Cody-Waite reduction to r in [-ln2/2, ln2/2],
 // Cephes' degree-7 polynomial, scaling by 2^n through the exponent bits. 0 for x < -87 (so
@@ -84,7 +85,7 @@ inline typename V::T vsoftcap(typename V::T x, float cap) {
 struct Layout {
   int rows = 0, nv = 0, w = 0, d = 0;
   int64_t qt = 0, firstv = 0, lastv = 0, inv = 0, rvfirst = 0, rvlast = 0, sp = 0, st = 0, run = 0, kt = 0, vt = 0,
-          zrow = 0, acct = 0, ktt = 0, sk = 0, red = 0;
+          zrow = 0, acct = 0, ktt = 0, skc = 0, red = 0;
   int64_t state = 0;  // floats of one state
 };
 
@@ -110,8 +111,8 @@ inline Layout layout(int rows, int d, int w) {
   L.zrow = o, o += up16(d);
   L.acct = o, o += up16(nvw * d);
   L.ktt = o, o += up16(int64_t(kKeyTile) * d);
-  L.sk = o, o += up16(nvw * kKeyTile);
-  L.red = o, o += up16(3 * nvw);
+  L.skc = o, o += up16(scores_floats(rows, w));
+  L.red = o, o += up16(3 * kTilesPerChunk * nvw);
   return L;
 }
 
@@ -362,9 +363,9 @@ void tile_values(const Layout& L, float* sc, const TileArgs& a, int v0, int64_t 
 // multiply-adds in the same order as in pv_block (keys a row does not see are skipped, as the masked
 // FMAs leave them), so the sums are the same bits; with G rows of D dimensions it takes G x D / W
 // FMAs per key where the rows in lanes take D (0.5B: 7 x 64 / 16 = 28 against 64).
-// w(r, j) is where weights_single left the weight: s[r * kKeyTile + j].
-template <class V, int RB, int DV>
-inline void pv_rows(float* acct, const float* s, const float* const* vp, int D, int r0, int dv0, int j0, int j1) {
+// w(r, j) is where weights_single left the weight: s[r * kKeyTile + j] of its tile.
+template <class V, int RB, int DV, class R>
+inline void pv_rows(float* acct, const float* s, const R* const* vp, int D, int r0, int dv0, int j0, int j1) {
   using T = typename V::T;
   const int W = V::W;
   T acc[RB][DV];
@@ -390,8 +391,8 @@ inline void pv_rows(float* acct, const float* s, const float* const* vp, int D, 
     for (int k = 0; k < DV; ++k) V::store(acct + int64_t(r0 + i) * D + (dv0 + k) * W, acc[i][k]);
 }
 
-template <class V, int RB>
-inline void pv_rows_dims(float* acct, const float* s, const float* const* vp, int D, int r0, int j0, int j1) {
+template <class V, int RB, class R>
+inline void pv_rows_dims(float* acct, const float* s, const R* const* vp, int D, int r0, int j0, int j1) {
   constexpr int DVMax = V::kPvDims;
   const int nvec = D / V::W;
   int dv = 0;
@@ -399,10 +400,11 @@ inline void pv_rows_dims(float* acct, const float* s, const float* const* vp, in
   for (; dv < nvec; ++dv) pv_rows<V, RB, 1>(acct, s, vp, D, r0, dv, j0, j1);
 }
 
-template <class V>
-void pv_single(const Layout& L, float* sc, const float* const* vp, int j0, int j1) {
+// vp: the tile's V rows as floats, or (R = uint16_t) an F16 cache's rows, converted as they are loaded
+// (V::load of F16: exact, so the same values).
+template <class V, class R>
+void pv_single(const Layout& L, float* sc, const float* s, const R* const* vp, int j0, int j1) {
   float* acct = sc + L.acct;
-  const float* s = sc + L.sp;
   constexpr int RBMax = V::kPvRows;
   int r = 0;
   for (; r + RBMax <= L.rows; r += RBMax) pv_rows_dims<V, RBMax>(acct, s, vp, L.d, r, j0, j1);
@@ -413,6 +415,25 @@ void pv_single(const Layout& L, float* sc, const float* const* vp, int j0, int j
     case 3: if constexpr (RBMax > 3) pv_rows_dims<V, 3>(acct, s, vp, L.d, r, j0, j1); break;
   }
   static_assert(RBMax <= 4);
+}
+
+// The scores of rows r0 .. r0 + RB - 1 from their QK sums (acc[i][k]: keys k * W .. of row r0 + i):
+// scaled, soft-capped, -inf outside the tile's keys [j0, j1], into S[r][j].
+template <class V, int RB, int KW>
+inline void finish_scores(typename V::T (&acc)[RB][KW], const TileArgs& a, int r0, int j0, int j1, float* S) {
+  using T = typename V::T;
+  alignas(64) static constexpr float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const T sv = V::set1(a.scale), lo = V::set1(float(j0)), hi = V::set1(float(j1));
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 2
+    for (int k = 0; k < KW; ++k) {
+      T x = V::mul(acc[i][k], sv);
+      if (a.softcap > 0.0f) x = vsoftcap<V>(x, a.softcap);
+      const T j = V::load(kIota + k * V::W);
+      x = V::select(V::mand(V::le(lo, j), V::le(j, hi)), x, V::set1(-kInf));
+      V::store(S + (r0 + i) * kKeyTile + k * V::W, x);
+    }
 }
 
 // Keys in lanes for a single-query tile (pass 1, and pass 2's weights): its keys' rows transposed
@@ -445,18 +466,31 @@ inline void scores_rows(const Layout& L, const float* sc, const TileArgs& a, con
       for (int k = 0; k < KW; ++k) acc[i][k] = V::fma(q, kv[k], acc[i][k]);
     }
   }
-  alignas(64) static constexpr float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const T sv = V::set1(a.scale), lo = V::set1(float(j0)), hi = V::set1(float(j1));
+  finish_scores<V, RB, KW>(acc, a, r0, j0, j1, S);
+}
+
+// scores_rows for all the tile's rows at once (RB = rows, W = kKeyTile), with the keys transposed 16
+// dimensions at a time in registers (V::key_block) instead of through the scratch: per (row, key) the
+// same fused multiply-adds in the same order.
+template <class V, int RB, class Row>
+inline void scores_rows_in_registers(const Layout& L, const float* sc, const TileArgs& a, const Row* const* rows,
+                                     int j0, int j1, float* S) {
+  using T = typename V::T;
+  static_assert(V::W == kKeyTile);
+  const int W = V::W, D = L.d;
+  T acc[RB][1];
 #pragma GCC unroll 8
-  for (int i = 0; i < RB; ++i)
-#pragma GCC unroll 2
-    for (int k = 0; k < KW; ++k) {
-      T x = V::mul(acc[i][k], sv);
-      if (a.softcap > 0.0f) x = vsoftcap<V>(x, a.softcap);
-      const T j = V::load(kIota + k * W);
-      x = V::select(V::mand(V::le(lo, j), V::le(j, hi)), x, V::set1(-kInf));
-      V::store(S + (r0 + i) * kKeyTile + k * W, x);
-    }
+  for (int i = 0; i < RB; ++i) acc[i][0] = V::zero();
+  const float* qt = sc + L.qt;
+  for (int d0 = 0; d0 < D; d0 += 16) {
+    T kv[16];
+    V::key_block(rows, d0, kv);
+#pragma GCC unroll 16
+    for (int e = 0; e < 16; ++e)
+#pragma GCC unroll 8
+      for (int i = 0; i < RB; ++i) acc[i][0] = V::fma(V::set1(qt[(int64_t(i / W) * D + d0 + e) * W + i % W]), kv[e], acc[i][0]);
+  }
+  finish_scores<V, RB, 1>(acc, a, 0, j0, j1, S);
 }
 
 // A tile's K rows: as floats, or (an F16 cache, single-query tiles) the cache's rows, converted as
@@ -471,6 +505,21 @@ struct KeyRows {
 // S[r][j] for the tile's rows (S: rows x kKeyTile floats).
 template <class V>
 void scores_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, int j0, int j1, float* S) {
+  if constexpr (V::kKeysInRegisters) {
+    if (L.rows <= V::kQkRows && L.d % 16 == 0) {
+      auto rows = [&]<int RB>() {
+        if (kp.h) scores_rows_in_registers<V, RB>(L, sc, a, kp.h, j0, j1, S);
+        else scores_rows_in_registers<V, RB>(L, sc, a, kp.f, j0, j1, S);
+      };
+      switch (L.rows) {
+#define SERVAL_ROWS_CASE(n) \
+  case n: if constexpr (n <= V::kQkRows) rows.template operator()<n>(); return;
+        SERVAL_ROWS_CASE(1) SERVAL_ROWS_CASE(2) SERVAL_ROWS_CASE(3) SERVAL_ROWS_CASE(4)
+        SERVAL_ROWS_CASE(5) SERVAL_ROWS_CASE(6) SERVAL_ROWS_CASE(7) SERVAL_ROWS_CASE(8)
+#undef SERVAL_ROWS_CASE
+      }
+    }
+  }
   float* kt = sc + L.ktt;
   if (kp.h) V::transpose_keys(kp.h, L.d, kt);
   else V::transpose_keys(kp.f, L.d, kt);
@@ -487,63 +536,73 @@ void scores_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, in
   }
 }
 
-// Pass 1 on one key tile of a single-query tile: the chunk's running max and sum (as tile_stats).
-template <class V>
-void stats_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, int j0, int j1, float* cache) {
+// Pass 1's statistics of a single-query tile over key tiles t0 .. t0 + nt - 1 of a chunk, from their
+// scores (keys in lanes; tile t0 + i's at at(i), rows x kKeyTile floats): per tile as tile_stats,
+// m' = max(m, T(s)) and l' = l exp(m - m') + T(exp(s - m')), done in phases over all the tiles (their
+// maxima, the running maxima, the sums of exponentials, the running sums), so that the tiles' trees
+// and exponentials are independent work rather than one chain per tile. Per row the operations and
+// their order are those of one tile after another: the same bits.
+template <class V, class At>
+void stats_single(const Layout& L, float* sc, int nt, At at) {
   using T = typename V::T;
-  const int W = V::W, G = L.rows;
+  const int W = V::W, G = L.rows, nvw = L.nv * V::W;
   constexpr int KW = kKeyTile / V::W;
-  float* S = cache ? cache : sc + L.sk;
-  scores_single<V>(L, sc, a, kp, j0, j1, S);
-  float* mt = sc + L.red;  // per row (padding rows: nothing): the tile's max, the new running max, the sum
-  float* mn = mt + int64_t(L.nv) * W;
-  float* ps = mn + int64_t(L.nv) * W;
+  float* mt = sc + L.red;                       // [tile][row] (padding rows: kNegBig): the tile's max
+  float* mn = mt + int64_t(kTilesPerChunk) * nvw;  // [tile][row]: the running max after the tile
+  float* ps = mn + int64_t(kTilesPerChunk) * nvw;  // [tile][row]: the tile's sum of exponentials
   auto vmax = [](T p, T q) { return V::max(p, q); };
   auto vadd = [](T p, T q) { return V::add(p, q); };
-  for (int r = 0; r < L.nv * W; ++r) {
-    T x[KW];
-    for (int k = 0; k < KW; ++k) x[k] = r < G ? V::load(S + r * kKeyTile + k * W) : V::set1(kNegBig);
-    mt[r] = lane_tree<V>(x, vmax);
-  }
+  for (int i = 0; i < nt; ++i)
+    for (int r = 0; r < nvw; ++r) {
+      T x[KW];
+      for (int k = 0; k < KW; ++k) x[k] = r < G ? V::load(at(i) + r * kKeyTile + k * W) : V::set1(kNegBig);
+      mt[i * nvw + r] = lane_tree<V>(x, vmax);
+    }
   float* st = sc + L.st;
-  for (int v = 0; v < L.nv; ++v) V::store(mn + v * W, V::max(V::load(st + v * W), V::load(mt + v * W)));
-  for (int r = 0; r < L.nv * W; ++r) {
-    T e[KW];
-    const T m = V::set1(mn[r]);
-    for (int k = 0; k < KW; ++k) e[k] = r < G ? vexp<V>(V::sub(V::load(S + r * kKeyTile + k * W), m)) : V::zero();
-    ps[r] = lane_tree<V>(e, vadd);
-  }
   for (int v = 0; v < L.nv; ++v) {
-    const T m = V::load(st + v * W), n = V::load(mn + v * W);
-    V::store(st + v * W, n);
-    V::store(st + (L.nv + v) * W, V::fma(V::load(st + (L.nv + v) * W), vexp<V>(V::sub(m, n)), V::load(ps + v * W)));
+    T m = V::load(st + v * W);
+    for (int i = 0; i < nt; ++i) {
+      m = V::max(m, V::load(mt + i * nvw + v * W));
+      V::store(mn + i * nvw + v * W, m);
+    }
+  }
+  for (int i = 0; i < nt; ++i)
+    for (int r = 0; r < nvw; ++r) {
+      T e[KW];
+      const T m = V::set1(mn[i * nvw + r]);
+      for (int k = 0; k < KW; ++k) e[k] = r < G ? vexp<V>(V::sub(V::load(at(i) + r * kKeyTile + k * W), m)) : V::zero();
+      ps[i * nvw + r] = lane_tree<V>(e, vadd);
+    }
+  for (int v = 0; v < L.nv; ++v) {
+    T m = V::load(st + v * W), l = V::load(st + (L.nv + v) * W);
+    for (int i = 0; i < nt; ++i) {
+      const T n = V::load(mn + i * nvw + v * W);
+      l = V::fma(l, vexp<V>(V::sub(m, n)), V::load(ps + i * nvw + v * W));
+      m = n;
+    }
+    V::store(st + v * W, m);
+    V::store(st + (L.nv + v) * W, l);
   }
 }
 
-// Pass 2's weights of one key tile of a single-query tile: w[r][j] = exp(S[r][j] - M_r) * (1 / L_r),
-// rounded to F16 with an F16 cache (as tile_values), into s[r * kKeyTile + j]. The scores are those
-// pass 1 kept (`cache`) or are computed again.
-template <class V>
-void weights_single(const Layout& L, float* sc, const TileArgs& a, KeyRows kp, int j0, int j1,
-                    const float* cache) {
+// Pass 2's weights of a single-query tile over nt key tiles, in place of their scores:
+// w[r][j] = exp(S[r][j] - M_r) * (1 / L_r), rounded to F16 with an F16 cache (as tile_values).
+template <class V, class At>
+void weights_single(const Layout& L, const float* sc, const TileArgs& a, int nt, At at) {
   using T = typename V::T;
   const int W = V::W;
   constexpr int KW = kKeyTile / V::W;
-  const float* S = cache;
-  if (!S) {
-    scores_single<V>(L, sc, a, kp, j0, j1, sc + L.sk);
-    S = sc + L.sk;
-  }
   const float* run = sc + L.run;
   const float* inv = sc + L.inv;
-  float* w = sc + L.sp;
-  for (int r = 0; r < L.rows; ++r) {
-    const T m = V::set1(run[r]), iv = V::set1(inv[r]);
-    for (int k = 0; k < KW; ++k) {
-      const T x = V::mul(vexp<V>(V::sub(V::load(S + r * kKeyTile + k * W), m)), iv);
-      V::store(w + r * kKeyTile + k * W, a.half ? V::f16_round(x) : x);
+  for (int i = 0; i < nt; ++i)
+    for (int r = 0; r < L.rows; ++r) {
+      const T m = V::set1(run[r]), iv = V::set1(inv[r]);
+      for (int k = 0; k < KW; ++k) {
+        float* p = at(i) + r * kKeyTile + k * W;
+        const T x = V::mul(vexp<V>(V::sub(V::load(p), m)), iv);
+        V::store(p, a.half ? V::f16_round(x) : x);
+      }
     }
-  }
 }
 
 // Byte offsets of the K (or V) row parts of kv head `a.kv_head` at positions [p, p + n): one division
@@ -569,72 +628,112 @@ const float* tile_row(const TileArgs& a, const uint8_t* src, float* tmp, int D) 
   return tmp;
 }
 
+// Points kp (or kh: F16 rows read in place, for single-query tiles) and vp at key tile t's rows
+// (want_k, want_v), converted into the scratch where they are not read in place; positions outside
+// [lo, hi] read a zero row. First the rows kPrefetchTiles tiles ahead are fetched (blocks are scattered
+// in the pool, beyond what the hardware prefetcher follows); at the first tile of a run, from it on.
+template <class V>
+void tile_rows(const Layout& L, float* sc, const TileArgs& a, int64_t t, int64_t lo, int64_t hi, int64_t uhi,
+               bool want_k, bool raw_k, bool want_v, bool raw_v, const float** kp, const uint16_t** kh,
+               const float** vp, const uint16_t** vh) {
+  const int D = L.d;
+  const int64_t tlo = t * kKeyTile;
+  {
+    const int64_t from = t == lo / kKeyTile ? tlo : tlo + kPrefetchTiles * kKeyTile;
+    const int64_t to = tlo + (kPrefetchTiles + 1) * kKeyTile - 1 < uhi ? tlo + (kPrefetchTiles + 1) * kKeyTile - 1 : uhi;
+    for (int64_t p = from; p <= to; p += kKeyTile) {
+      const int n = to - p + 1 < kKeyTile ? int(to - p + 1) : kKeyTile;
+      int64_t off[kKeyTile];
+      row_offsets(a, p, n, off);
+      for (int j = 0; j < n; ++j)
+        for (int64_t b = 0; b < a.head_bytes; b += 64) {
+          if (want_k) V::prefetch(a.k + off[j] + b);
+          if (want_v) V::prefetch(a.v + off[j] + b);
+        }
+    }
+  }
+  int64_t off[kKeyTile];
+  row_offsets(a, tlo, hi - tlo + 1 < kKeyTile ? int(hi - tlo + 1) : kKeyTile, off);  // not beyond the table
+  for (int j = 0; j < kKeyTile; ++j) {
+    const int64_t p = tlo + j;
+    if (p < lo || p > hi) {
+      kp[j] = vp[j] = sc + L.zrow;
+      kh[j] = vh[j] = kZeroHalves;
+      continue;
+    }
+    if (want_k && raw_k) kh[j] = reinterpret_cast<const uint16_t*>(a.k + off[j]);
+    else if (want_k) kp[j] = tile_row<V>(a, a.k + off[j], sc + L.kt + int64_t(j) * D, D);
+    if (want_v && raw_v) vh[j] = reinterpret_cast<const uint16_t*>(a.v + off[j]);
+    else if (want_v) vp[j] = tile_row<V>(a, a.v + off[j], sc + L.vt + int64_t(j) * D, D);
+  }
+}
+
+// A single-query tile's pass over chunk c's keys [lo, hi] (a decode step): keys in lanes for the
+// scores and the softmax, dimensions in lanes for weights x V (pv_single, into accT, moved into the
+// chunk state's layout at the end). Each phase runs over all the chunk's key tiles before the next:
+// the scores (kept by pass 1 for pass 2 in `cache_c`, or made here again), then pass 1's statistics,
+// or pass 2's weights (in place of the scores) and weights x V.
+template <class V, bool Values>
+void chunk_single(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t lo, int64_t hi, int64_t uhi,
+                  float* cache_c) {
+  const int D = L.d;
+  const int64_t t0 = lo / kKeyTile, nt = lo <= hi ? hi / kKeyTile - t0 + 1 : 0;
+  float* S = (cache_c ? cache_c : sc + L.skc) + (t0 - c * kTilesPerChunk) * int64_t(L.nv) * kKeyTile * L.w;
+  auto at = [&](int64_t i) { return S + i * int64_t(L.nv) * kKeyTile * L.w; };
+  auto span = [&](int64_t i, int& j0, int& j1) {  // the tile's keys in [lo, hi]
+    const int64_t tlo = (t0 + i) * kKeyTile, thi = tlo + kKeyTile - 1;
+    j0 = int((lo > tlo ? lo : tlo) - tlo), j1 = int((hi < thi ? hi : thi) - tlo);
+  };
+  const float* kp[kKeyTile];
+  const float* vp[kKeyTile];
+  const uint16_t* kh[kKeyTile];
+  const uint16_t* vh[kKeyTile];
+  // An F16 cache's rows are read in place: K converted as it is transposed, V as it is loaded.
+  const bool raw = a.kind == KvKind::F16 && D <= kMaxZeroHalves;
+  int j0, j1;
+  if (!(Values && cache_c))
+    for (int64_t i = 0; i < nt; ++i) {
+      tile_rows<V>(L, sc, a, t0 + i, lo, hi, uhi, true, raw, false, false, kp, kh, vp, vh);
+      span(i, j0, j1);
+      scores_single<V>(L, sc, a, KeyRows{kp, raw ? kh : nullptr}, j0, j1, at(i));
+    }
+  if constexpr (!Values) {
+    stats_single<V>(L, sc, int(nt), at);
+  } else {
+    weights_single<V>(L, sc, a, int(nt), at);
+    std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
+    for (int64_t i = 0; i < nt; ++i) {
+      tile_rows<V>(L, sc, a, t0 + i, lo, hi, uhi, false, false, true, raw, kp, kh, vp, vh);
+      span(i, j0, j1);
+      if (raw) pv_single<V>(L, sc, at(i), vh, j0, j1);
+      else pv_single<V>(L, sc, at(i), vp, j0, j1);
+    }
+    float* acc = acc_of(sc + L.st, L);  // accT into the chunk state's layout (acc of vector v, dimension d, lane)
+    const float* acct = sc + L.acct;
+    for (int r = 0; r < L.rows; ++r)
+      for (int d = 0; d < D; ++d) acc[(int64_t(r / L.w) * D + d) * L.w + r % L.w] = acct[int64_t(r) * D + d];
+  }
+}
+
 // Runs pass 1 (Values = false) or pass 2 over the keys of chunk c that any row of the tile sees,
 // into the chunk state (already reset).
 template <class V, bool Values>
 void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo, int64_t uhi) {
-  const int D = L.d;
   const int64_t lo = c * kChunk > ulo ? c * kChunk : ulo;
   const int64_t hi = c * kChunk + kChunk - 1 < uhi ? c * kChunk + kChunk - 1 : uhi;
-  const int64_t row_bytes = a.head_bytes;
-  const float* kp[kKeyTile];
-  const float* vp[kKeyTile];
   // Pass 1 keeps the scores of the chunk's tiles here, pass 2 reads them (when there is room).
   float* cache_c = a.scores ? a.scores + (c - a.c_begin) * scores_floats(L.rows, L.w) : nullptr;
+  // A single-query tile with whole vectors of dimensions: keys in lanes (chunk_single).
+  if (a.n_q == 1 && L.d % V::W == 0) return chunk_single<V, Values>(L, sc, a, c, lo, hi, uhi, cache_c);
   const bool need_k = !(Values && cache_c);
-  // A single-query tile with whole vectors of dimensions: keys in lanes for the scores and the
-  // softmax (stats_single, weights_single), dimensions in lanes for weights x V (pv_single, into
-  // accT, moved into the chunk state at the end).
-  const bool single = a.n_q == 1 && D % V::W == 0;
-  if (Values && single) std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
-  const bool raw_k = single && a.kind == KvKind::F16 && D <= kMaxZeroHalves;  // K converted as transposed
+  const float* kp[kKeyTile];
+  const float* vp[kKeyTile];
   const uint16_t* kh[kKeyTile];
-  const KeyRows keys{kp, raw_k ? kh : nullptr};
+  const uint16_t* vh[kKeyTile];
   for (int64_t t = lo / kKeyTile; lo <= hi && t <= hi / kKeyTile; ++t) {
-    const int64_t tlo = t * kKeyTile;
-    float* cache = cache_c ? cache_c + (t - c * (kChunk / kKeyTile)) * int64_t(L.nv) * kKeyTile * L.w : nullptr;
-    // Rows kPrefetchTiles tiles ahead are fetched while this one is computed (blocks are scattered
-    // in the pool, beyond what the hardware prefetcher follows); the first tiles of the call at once.
-    {
-      const int64_t from = t == lo / kKeyTile ? tlo : tlo + kPrefetchTiles * kKeyTile;
-      const int64_t to = tlo + (kPrefetchTiles + 1) * kKeyTile - 1 < uhi ? tlo + (kPrefetchTiles + 1) * kKeyTile - 1 : uhi;
-      for (int64_t p = from; p <= to; p += kKeyTile) {
-        const int n = to - p + 1 < kKeyTile ? int(to - p + 1) : kKeyTile;
-        int64_t off[kKeyTile];
-        row_offsets(a, p, n, off);
-        for (int j = 0; j < n; ++j)
-          for (int64_t b = 0; b < row_bytes; b += 64) {
-            if (need_k) V::prefetch(a.k + off[j] + b);
-            if (Values) V::prefetch(a.v + off[j] + b);
-          }
-      }
-    }
-    {
-      int64_t off[kKeyTile];
-      row_offsets(a, tlo, hi - tlo + 1 < kKeyTile ? int(hi - tlo + 1) : kKeyTile, off);  // not beyond the table
-      for (int j = 0; j < kKeyTile; ++j) {
-        const int64_t p = tlo + j;
-        if (p < lo || p > hi) {
-          kp[j] = vp[j] = sc + L.zrow;
-          kh[j] = kZeroHalves;
-          continue;
-        }
-        if (need_k && raw_k) kh[j] = reinterpret_cast<const uint16_t*>(a.k + off[j]);
-        else if (need_k) kp[j] = tile_row<V>(a, a.k + off[j], sc + L.kt + int64_t(j) * D, D);
-        if (Values) vp[j] = tile_row<V>(a, a.v + off[j], sc + L.vt + int64_t(j) * D, D);
-      }
-    }
-    const int64_t thi = tlo + kKeyTile - 1;
-    if (single) {
-      const int j0 = int((lo > tlo ? lo : tlo) - tlo), j1 = int((hi < thi ? hi : thi) - tlo);
-      if constexpr (Values) {
-        weights_single<V>(L, sc, a, keys, j0, j1, cache);
-        pv_single<V>(L, sc, vp, j0, j1);
-      } else {
-        stats_single<V>(L, sc, a, keys, j0, j1, cache);
-      }
-      continue;
-    }
+    const int64_t tlo = t * kKeyTile, thi = tlo + kKeyTile - 1;
+    float* cache = cache_c ? cache_c + (t - c * kTilesPerChunk) * int64_t(L.nv) * kKeyTile * L.w : nullptr;
+    tile_rows<V>(L, sc, a, t, lo, hi, uhi, need_k, false, Values, false, kp, kh, vp, vh);
     for (int v = 0; v < L.nv; v += V::kRowVectors) {
       const int n = L.nv - v < V::kRowVectors ? L.nv - v : V::kRowVectors;
       bool full = true;
@@ -654,13 +753,6 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
         for (int i = 0; i < n; ++i) run.template operator()<1>(v + i);
     }
   }
-  if constexpr (Values)
-    if (single) {  // accT into the chunk state's layout (acc of vector v, dimension d, lane)
-      float* acc = acc_of(sc + L.st, L);
-      const float* acct = sc + L.acct;
-      for (int r = 0; r < L.rows; ++r)
-        for (int d = 0; d < D; ++d) acc[(int64_t(r / L.w) * D + d) * L.w + r % L.w] = acct[int64_t(r) * D + d];
-    }
 }
 
 // Writes the running sum (the outputs) to the tile's output rows.
