@@ -487,6 +487,42 @@ TEST(Attention, SingleQueryOverSlots) {
   for (size_t x = 0; x < out.size(); ++x) ASSERT_LE(std::abs(double(out[x]) - e.out[x]), e.tol[x]) << x;
 }
 
+// A decode at long context on two threads is split by chunk (flash-decoding), each task taking a run
+// of chunks (kSplitTasksPerThread): 23 chunks x 2 KV heads give runs of 2 and a last run of 1. The
+// output is the bits of one thread (not split: one task per head) and within the reference's bound,
+// for an F16 and an F32 cache, with the scores kept between the passes and computed again.
+TEST(Attention, LongDecodeSplitIntoRunsOfChunks) {
+  const AttentionShape s{14, 2, 64, 0.125f};
+  const int64_t pos = 5700;  // chunks 0 .. 22
+  ASSERT_EQ(2 * (pos / cpu::attn::kChunk + 1) / (cpu::attn::kSplitTasksPerThread * 2), 2);
+  const int saved_threads = compute_threads();
+  const int64_t task_room = cpu::attn::score_room_per_task(), call_room = cpu::attn::score_room_per_call();
+  for (DType type : {DType::F16, DType::F32}) {
+    GuardedPools pools(type, 360 * 16, 128, 5, 64);
+    auto free_blocks = shuffled_blocks(360, 6);
+    const auto table = block_table(pos + 1, 16, 0, free_blocks);
+    const auto q = test::random_floats(14 * 64, 7);
+    auto run = [&](int threads, bool keep) {
+      set_compute_threads(threads);
+      cpu::attn::set_score_room(keep ? task_room : 0, keep ? call_room : 0);
+      std::vector<float> out(q.size(), NAN);
+      const AttentionQuery query{q.data(), KvSpan{table, 16, 0, pos}, out.data()};
+      cpu::attention_batch(s, std::span<const AttentionQuery>(&query, 1), pools.view());
+      return out;
+    };
+    const auto one = run(1, true);
+    const Expected e = expected(s, q.data(), pools.view(), KvSpan{table, 16, 0, pos});
+    for (size_t x = 0; x < one.size(); ++x) ASSERT_LE(std::abs(double(one[x]) - e.out[x]), e.tol[x]) << x;
+    for (bool keep : {true, false}) {
+      const auto two = run(2, keep);
+      EXPECT_EQ(std::memcmp(two.data(), one.data(), one.size() * sizeof(float)), 0)
+          << dtype_info(type).name << (keep ? ", scores kept" : ", scores computed again");
+    }
+  }
+  cpu::attn::set_score_room(task_room, call_room);
+  set_compute_threads(saved_threads);
+}
+
 // Timings of the kernel alone at Qwen2.5-0.5B's shape (14 query heads, 2 KV heads, d_head 64, F16
 // cache, blocks of 16), one layer: batch-1 decode at 8K and 1K, a 512-token prefill chunk at 4K.
 // Run with --gtest_also_run_disabled_tests --gtest_filter='*AttentionBench*' (figures in

@@ -335,15 +335,20 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
   float* states = thread_buffer(kCallStates, unit_float[n_units]);
   const bool keep = unit_score[n_units] <= g_call_scores.load(std::memory_order_relaxed);
   float* kept = keep ? thread_buffer(kCallScores, unit_score[n_units]) : nullptr;
-  // Tasks in chunk order across a tile's KV heads (k -> unit, chunk): the pool hands out runs of
-  // consecutive tasks, so one thread tends to read all heads of a chunk's slot rows.
-  std::vector<int64_t> task_unit(n_tasks), task_chunk(n_tasks);
-  {
-    int64_t k = 0;
-    for (size_t ti = 0; ti < tiles.size(); ++ti)
-      for (int64_t c = c_first(tiles[ti]); c <= c_last(tiles[ti]); ++c)
-        for (int h = 0; h < s.n_head_kv; ++h, ++k) task_unit[k] = int64_t(ti) * s.n_head_kv + h, task_chunk[k] = c;
-  }
+  // A task takes a run of `per_task` chunks of one unit, enough runs for kSplitTasksPerThread a thread
+  // (each task transposes its queries and, in pass 2, merges its unit's statistics once, so fewer and
+  // longer tasks cost less). Tasks in chunk order across a tile's KV heads (k -> unit, first chunk):
+  // the pool hands out runs of consecutive tasks, so one thread tends to read all heads of a chunk's
+  // slot rows.
+  const int64_t per_task = std::max<int64_t>(1, n_tasks / (kSplitTasksPerThread * threads));
+  std::vector<int64_t> task_unit, task_chunk, task_end;
+  for (size_t ti = 0; ti < tiles.size(); ++ti)
+    for (int64_t c = c_first(tiles[ti]); c <= c_last(tiles[ti]); c += per_task)
+      for (int h = 0; h < s.n_head_kv; ++h) {
+        task_unit.push_back(int64_t(ti) * s.n_head_kv + h);
+        task_chunk.push_back(c);
+        task_end.push_back(std::min(c + per_task, c_last(tiles[ti]) + 1));
+      }
   auto unit_args = [&](int64_t u, Mode mode) {
     const Tile& t = tiles[u / s.n_head_kv];
     TileArgs a = args(t, int(u % s.n_head_kv));
@@ -353,9 +358,9 @@ void attention_batch_stored(const AttentionShape& s, std::span<const AttentionQu
     return a;
   };
   for (Mode mode : {Mode::Stats, Mode::Values})
-    parallel_for(n_tasks, [&](int64_t k) {
+    parallel_for(int64_t(task_unit.size()), [&](int64_t k) {
       TileArgs a = unit_args(task_unit[k], mode);
-      a.chunk = task_chunk[k];
+      a.chunk = task_chunk[k], a.chunk_end = task_end[k];
       kernel.fn(a);
     });
   parallel_for(n_units, [&](int64_t u) { kernel.fn(unit_args(u, Mode::Sum)); });

@@ -20,11 +20,15 @@ static_assert(kChunk % kKeyTile == 0);
 // Rows of a tile: query q's head h of the KV group is row q * group + h; rows are the SIMD lanes.
 constexpr int kMaxTileRows = 64;
 constexpr int kMaxTileQueries = 16;
+// A call split by chunk (flash-decoding) gives each thread about this many tasks a pass (runs of
+// chunks of a unit): enough for the pool to balance, few enough that a task's setup stays small.
+constexpr int kSplitTasksPerThread = 8;
 
 enum class Mode {
   Full,    // both passes over chunks [c_begin, c_end), then the outputs
-  Stats,   // pass 1 on chunk `chunk`: its statistics into its state at `partial`
-  Values,  // pass 2 on chunk `chunk` (statistics of every chunk from `partial`): its sum into its state
+  Stats,   // pass 1 on chunks [chunk, chunk_end): their statistics into their states at `partial`
+  Values,  // pass 2 on chunks [chunk, chunk_end) (statistics of every chunk from `partial`): their sums
+           // into their states
   Sum,     // the outputs: the sums of chunks [c_begin, c_end) from `partial`, in order
 };
 
@@ -61,7 +65,7 @@ struct TileArgs {
   // Work.
   Mode mode = Mode::Full;
   int64_t c_begin = 0, c_end = 0;  // the chunks of the tile's keys
-  int64_t chunk = 0;               // Stats, Values: the chunk to do
+  int64_t chunk = 0, chunk_end = 0;  // Stats, Values: the chunks to do
   float* partial = nullptr;        // Stats, Values, Sum: the states of chunks [c_begin, c_end), in order
   float* scores = nullptr;         // optional: room for the scores of chunks [c_begin, c_end), in order
                                    // (scores_floats each): pass 2 reads them instead of computing them

@@ -869,17 +869,21 @@ void run_tile(const TileArgs& a) {
       write_out<V>(L, run, a);
       break;
     case Mode::Stats:
-      stats_reset<V>(st, L);
-      chunk<V, false>(L, sc, a, a.chunk, ulo, uhi);
-      std::memcpy(a.partial + (a.chunk - a.c_begin) * L.state, st, size_t(2 * L.nv * W) * sizeof(float));
+      for (int64_t c = a.chunk; c < a.chunk_end; ++c) {
+        stats_reset<V>(st, L);
+        chunk<V, false>(L, sc, a, c, ulo, uhi);
+        std::memcpy(a.partial + (c - a.c_begin) * L.state, st, size_t(2 * L.nv * W) * sizeof(float));
+      }
       break;
     case Mode::Values:
       merged_stats<V>(L, sc, a);
       inverse_sums<V>(L, sc, a);
-      acc_reset<V>(st, L);
-      chunk<V, true>(L, sc, a, a.chunk, ulo, uhi);
-      std::memcpy(acc_of(a.partial + (a.chunk - a.c_begin) * L.state, L), acc_of(st, L),
-                  size_t(int64_t(L.nv) * D * W) * sizeof(float));
+      for (int64_t c = a.chunk; c < a.chunk_end; ++c) {
+        acc_reset<V>(st, L);
+        chunk<V, true>(L, sc, a, c, ulo, uhi);
+        std::memcpy(acc_of(a.partial + (c - a.c_begin) * L.state, L), acc_of(st, L),
+                    size_t(int64_t(L.nv) * D * W) * sizeof(float));
+      }
       break;
     case Mode::Sum:
       acc_reset<V>(run, L);
