@@ -7,8 +7,9 @@
 // hold, whatever the lane width, and whichever level runs it. That is what makes the op batch
 // invariant and the levels agree bitwise. A tile of one query (a decode step) has few rows (the
 // group: 7 of 16 lanes for the Qwen 0.5B), so it puts keys in the lanes for the scores and the
-// softmax and head dimensions for weights x V (stats_single, weights_single, pv_single): the same
-// operations per (row, key) and per (row, dimension), in the same order, so the same bits.
+// softmax and head dimensions for weights x V (chunk_single: the scores and stats_single or
+// weights_single over all of a chunk's key tiles, then pv_single tile by tile): the same operations
+// per (row, key) and per (row, dimension), in the same order, so the same bits.
 //
 // Per lane (row r, attending positions [first_r, last_r]), over fixed chunks of kChunk positions
 // and within them fixed tiles of kKeyTile positions (both aligned to absolute positions):
