@@ -633,10 +633,24 @@ const float* tile_row(const TileArgs& a, const uint8_t* src, float* tmp, int D) 
 // (want_k, want_v), converted into the scratch where they are not read in place; positions outside
 // [lo, hi] read a zero row. First the rows kPrefetchTiles tiles ahead are fetched (blocks are scattered
 // in the pool, beyond what the hardware prefetcher follows); at the first tile of a run, from it on.
+struct Want {  // which of a tile's rows tile_rows looks up, and which an F16 cache gives in place
+  bool k = false, raw_k = false, v = false, raw_v = false;
+};
+struct TileRowPtrs {  // a key tile's rows: as floats, or (raw) the F16 cache's own
+  const float* kp[kKeyTile];
+  const uint16_t* kh[kKeyTile];
+  const float* vp[kKeyTile];
+  const uint16_t* vh[kKeyTile];
+};
+
 template <class V>
 void tile_rows(const Layout& L, float* sc, const TileArgs& a, int64_t t, int64_t lo, int64_t hi, int64_t uhi,
-               bool want_k, bool raw_k, bool want_v, bool raw_v, const float** kp, const uint16_t** kh,
-               const float** vp, const uint16_t** vh) {
+               Want want, TileRowPtrs& rows) {
+  const bool want_k = want.k, raw_k = want.raw_k, want_v = want.v, raw_v = want.raw_v;
+  const float** kp = rows.kp;
+  const uint16_t** kh = rows.kh;
+  const float** vp = rows.vp;
+  const uint16_t** vh = rows.vh;
   const int D = L.d;
   const int64_t tlo = t * kKeyTile;
   {
@@ -685,18 +699,15 @@ void chunk_single(const Layout& L, float* sc, const TileArgs& a, int64_t c, int6
     const int64_t tlo = (t0 + i) * kKeyTile, thi = tlo + kKeyTile - 1;
     j0 = int((lo > tlo ? lo : tlo) - tlo), j1 = int((hi < thi ? hi : thi) - tlo);
   };
-  const float* kp[kKeyTile];
-  const float* vp[kKeyTile];
-  const uint16_t* kh[kKeyTile];
-  const uint16_t* vh[kKeyTile];
+  TileRowPtrs rows;
   // An F16 cache's rows are read in place: K converted as it is transposed, V as it is loaded.
   const bool raw = a.kind == KvKind::F16 && D <= kMaxZeroHalves;
   int j0, j1;
   if (!(Values && cache_c))
     for (int64_t i = 0; i < nt; ++i) {
-      tile_rows<V>(L, sc, a, t0 + i, lo, hi, uhi, true, raw, false, false, kp, kh, vp, vh);
+      tile_rows<V>(L, sc, a, t0 + i, lo, hi, uhi, {.k = true, .raw_k = raw}, rows);
       span(i, j0, j1);
-      scores_single<V>(L, sc, a, KeyRows{kp, raw ? kh : nullptr}, j0, j1, at(i));
+      scores_single<V>(L, sc, a, KeyRows{rows.kp, raw ? rows.kh : nullptr}, j0, j1, at(i));
     }
   if constexpr (!Values) {
     stats_single<V>(L, sc, int(nt), at);
@@ -704,10 +715,10 @@ void chunk_single(const Layout& L, float* sc, const TileArgs& a, int64_t c, int6
     weights_single<V>(L, sc, a, int(nt), at);
     std::memset(sc + L.acct, 0, sizeof(float) * size_t(L.rows) * size_t(D));
     for (int64_t i = 0; i < nt; ++i) {
-      tile_rows<V>(L, sc, a, t0 + i, lo, hi, uhi, false, false, true, raw, kp, kh, vp, vh);
+      tile_rows<V>(L, sc, a, t0 + i, lo, hi, uhi, {.v = true, .raw_v = raw}, rows);
       span(i, j0, j1);
-      if (raw) pv_single<V>(L, sc, at(i), vh, j0, j1);
-      else pv_single<V>(L, sc, at(i), vp, j0, j1);
+      if (raw) pv_single<V>(L, sc, at(i), rows.vh, j0, j1);
+      else pv_single<V>(L, sc, at(i), rows.vp, j0, j1);
     }
     float* acc = acc_of(sc + L.st, L);  // accT into the chunk state's layout (acc of vector v, dimension d, lane)
     const float* acct = sc + L.acct;
@@ -727,14 +738,13 @@ void chunk(const Layout& L, float* sc, const TileArgs& a, int64_t c, int64_t ulo
   // A single-query tile with whole vectors of dimensions: keys in lanes (chunk_single).
   if (a.n_q == 1 && L.d % V::W == 0) return chunk_single<V, Values>(L, sc, a, c, lo, hi, uhi, cache_c);
   const bool need_k = !(Values && cache_c);
-  const float* kp[kKeyTile];
-  const float* vp[kKeyTile];
-  const uint16_t* kh[kKeyTile];
-  const uint16_t* vh[kKeyTile];
+  TileRowPtrs rows;
+  const float* const* kp = rows.kp;
+  const float* const* vp = rows.vp;
   for (int64_t t = lo / kKeyTile; lo <= hi && t <= hi / kKeyTile; ++t) {
     const int64_t tlo = t * kKeyTile, thi = tlo + kKeyTile - 1;
     float* cache = cache_c ? cache_c + (t - c * kTilesPerChunk) * int64_t(L.nv) * kKeyTile * L.w : nullptr;
-    tile_rows<V>(L, sc, a, t, lo, hi, uhi, need_k, false, Values, false, kp, kh, vp, vh);
+    tile_rows<V>(L, sc, a, t, lo, hi, uhi, {.k = need_k, .v = Values}, rows);
     for (int v = 0; v < L.nv; v += V::kRowVectors) {
       const int n = L.nv - v < V::kRowVectors ? L.nv - v : V::kRowVectors;
       bool full = true;
