@@ -67,13 +67,8 @@ bool contains(const std::string& s, const char* part) { return s.find(part) != s
 // Weights llama-quantize quantizes: 2-D (or more) `...weight` tensors but for norms, positional
 // embeddings and a few small special matrices.
 bool quantizable(const TensorRef& t, const QuantizeOptions& o) {
-  static const char* const kKept[] = {"_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "time_mix_first.weight",
-                                      "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_decay_w1.weight",
-                                      "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight", "attn_rel_b.weight"};
-  if (!t.name.ends_with("weight") || t.ne.size() < 2) return false;
-  if (t.name == "position_embd.weight" || t.name == "token_types.weight") return false;
   if (o.leave_output_tensor && t.name == "output.weight") return false;
-  return std::none_of(std::begin(kKept), std::end(kKept), [&](const char* k) { return contains(t.name, k); });
+  return quantizable_tensor(t);
 }
 
 // An integer hyperparameter, or the first element of a per-layer array; `fallback` when absent.

@@ -6,11 +6,21 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "io/tensor_ref.h"
 #include "tensor/blocks.h"
 #include "tensor/dequant.h"
 #include "tensor/quantize_k.h"
 
 namespace serval {
+
+bool quantizable_tensor(const TensorRef& t) {
+  static const char* const kKept[] = {"_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "time_mix_first.weight",
+                                      "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_decay_w1.weight",
+                                      "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight", "attn_rel_b.weight"};
+  if (!t.name.ends_with("weight") || t.ne.size() < 2) return false;
+  if (t.name == "position_embd.weight" || t.name == "token_types.weight") return false;
+  return std::none_of(std::begin(kKept), std::end(kKept), [&](const char* k) { return t.name.find(k) != std::string::npos; });
+}
 namespace {
 
 constexpr size_t kQk = 32;  // elements per block of the 32-element types

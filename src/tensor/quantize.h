@@ -8,6 +8,12 @@
 #include "io/ggml_types.h"
 
 namespace serval {
+struct TensorRef;
+
+// Whether llama-quantize's rules quantize tensor `t` at all: a weight of two or more dimensions, but
+// not a norm, an MoE router, a position or token-type embedding, or one of the recurrent models'
+// small mixing tensors. `serval quantize` and the loader's requantization (LoadOptions::requant) ask this.
+bool quantizable_tensor(const TensorRef& t);
 
 // Whether quantize_row can write `type`.
 bool can_quantize_to(DType type);
