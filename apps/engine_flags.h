@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/heads.h"
 #include "engine/speculative.h"
+#include "quant/quantize_model.h"
 
 namespace serval::cli {
 
@@ -18,6 +19,7 @@ struct SpecFlags {
   std::vector<std::string> method;  // METHOD, or `heads FILE`
   std::string model_draft, heads_file, draft_kv_memory = "256MiB";
   int64_t draft_vocab = 0;  // the draft model's logits: the vocabulary's first N tokens (0: all)
+  std::string draft_quantization;  // the draft's matrices requantized to this type at load ("": as in its file)
   SpeculativeConfig config;
   std::unique_ptr<Model> draft;           // loaded by load()
   std::unique_ptr<DecodingHeads> heads;   // loaded by load_heads()
@@ -39,6 +41,9 @@ struct SpecFlags {
     cmd->add_option("--spec-max-running", config.max_running,
                     "no speculation while more requests than this run (default 4)");
     cmd->add_option("--draft-kv-memory", draft_kv_memory, "KV cache of the draft model (default 256MiB)");
+    cmd->add_option("--draft-quantization", draft_quantization,
+                    "requantize the draft model's matrices to this type as it loads, e.g. q4_0 (vLLM's "
+                    "speculative_config quantization; the bytes of serval quantize --allow-requantize --pure)");
     cmd->add_option("--draft-vocab", draft_vocab,
                     "the draft model computes logits for the vocabulary's first N tokens only, its most frequent "
                     "in a BPE vocabulary (FR-Spec's reduced head; default 0: all)");
@@ -70,6 +75,7 @@ struct SpecFlags {
       if (!draft) {  // once, however often asked
         LoadOptions o;
         o.logit_rows = draft_vocab;
+        if (!draft_quantization.empty()) o.requant = parse_tensor_type(draft_quantization);
         draft = Model::load(resolve_model_path(model_draft), o);
       }
       c.draft_model = draft.get();

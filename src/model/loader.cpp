@@ -6,6 +6,7 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/dummy.h"
+#include "model/requant.h"
 #include "model/gpt_oss.h"
 #include "model/model.h"
 #include "tokenizer/load.h"
@@ -34,8 +35,17 @@ class GgufModel : public Model {
     path_ = path;
     config_ = config_from_gguf(file_);
     set_shard(config_, options);
-    auto lookup = [this](const std::string& n) { return dummy_ ? dummy_->find(n) : file_.find_tensor(n); };
-    weights_ = bind_weights(config_, lookup, path, /*reloadable=*/!dummy_);
+    if (options.requant) {
+      check(!options.dummy, "{}: dummy weights are made in the file's own types; requantize the file instead", path);
+      requant_ = std::make_unique<RequantTensors>(file_, *options.requant);
+    }
+    auto lookup = [this](const std::string& n) {
+      if (dummy_) return dummy_->find(n);
+      const TensorRef* made = requant_ ? requant_->find(n) : nullptr;
+      return made ? made : file_.find_tensor(n);
+    };
+    // Pages of anonymous memory (dummy or requantized weights) read zeros once given back.
+    weights_ = bind_weights(config_, lookup, path, /*reloadable=*/!dummy_ && !requant_);
     Vocab vocab = options.tokenizer_json.empty() ? vocab_from_gguf(file_) : vocab_from_tokenizer_json(options.tokenizer_json);
     check(int64_t(vocab.tokens.size()) == config_.n_vocab, "{}: tokenizer has {} tokens but the model {}", path,
           vocab.tokens.size(), config_.n_vocab);
@@ -45,6 +55,7 @@ class GgufModel : public Model {
  private:
   GgufFile file_;
   std::unique_ptr<DummyTensors> dummy_;
+  std::unique_ptr<RequantTensors> requant_;
 };
 
 using RenameRules = std::vector<std::pair<std::regex, std::string>>;
@@ -170,6 +181,8 @@ std::unique_ptr<Model> open_model(const std::string& path, const LoadOptions& op
           "{}: --load-format dummy takes a GGUF file or shape file (serval export-shape; convert a directory first)", path);
     return std::make_unique<GgufModel>(path, options);
   }
+  check(!options.requant || (!fs::is_directory(p) && p.extension() != ".safetensors"),
+        "{}: requantizing at load takes a GGUF file (serval convert a checkpoint first)", path);
   if (fs::is_directory(p)) {
     const fs::path weights = p / "model.safetensors";
     check(fs::exists(weights), "{}: directory has no model.safetensors (sharded checkpoints are not supported)", path);

@@ -126,6 +126,9 @@ struct LoadOptions {
   // the output matrix is cut to those rows, so forward() writes rows of that width (n_logits()). For a draft model, whose
   // guesses the target verifies: FR-Spec's reduced head (docs/speculative.md). Not with tp x pp > 1.
   int64_t logit_rows = 0;
+  // The matrices requantized to this type as they load (model/requant.h: the bytes `serval quantize
+  // --allow-requantize --pure` writes); none: as in the file. For a draft model: a cheaper pass.
+  std::optional<DType> requant;
 };
 
 // What a rank's share of the forward pass needs from the other ranks (dist/ implements it over a

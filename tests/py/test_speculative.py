@@ -18,6 +18,7 @@ EDIT = [{"role": "user", "content": "Rename the variable `total` to `acc` and re
 @pytest.mark.parametrize("flags", [["--spec", "ngram"], ["--spec", "suffix"], ["--spec", "suffix", "--spec-tree-width", "3"],
                                    ["--model-draft", STORIES],
                                    ["--model-draft", STORIES, "--draft-vocab", "300"],
+                                   ["--model-draft", STORIES, "--draft-quantization", "q4_0"],
                                    ["--spec", "ngram+draft", "--model-draft", STORIES, "--draft-backoff", "2"],
                                    ["--spec", "suffix+draft", "--model-draft", STORIES]])
 def test_generate_with_speculation_prints_the_plain_text(flags):
@@ -42,6 +43,7 @@ def test_generate_with_speculation_prints_the_plain_text(flags):
     (["--spec", "ngram+heads"], "--spec ngram+heads needs a heads file (--spec ngram+heads FILE"),
     (["--model-draft", STORIES, "--draft-backoff", "-1"], "--draft-backoff must be 0..1024 (got -1)"),
     (["--model-draft", STORIES, "--draft-vocab", "-1"], "--draft-vocab must be 0 (all) or more (got -1)"),
+    (["--model-draft", STORIES, "--draft-quantization", "q9"], "unknown or unsupported tensor type 'q9'"),
     (["--spec", "ngram", "--spec-tree-width", "0"], "--spec-tree-width must be 1..64 (got 0)"),
     (["--spec", "ngram", "--spec-heads-p-min", "2"], "--spec-heads-p-min must be 0..1 (got 2)"),
     (["--spec", "heads", MODELS / "stories260K.gguf"], "not a decoding-heads file"),

@@ -2,14 +2,20 @@
 // F32 safetensors twin of a Q8_0 GGUF, and batch invariance (alone vs together, any chunking).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
 
+#include "io/gguf.h"
 #include "model/model.h"
+#include "model/requant.h"
 #include "model/session.h"
+#include "quant/quantize_model.h"
 #include "sampling/sampler.h"
 #include "test_support.h"
 
@@ -173,6 +179,52 @@ TEST(Model, LogitRowsAreThePrefixOfTheWholeVocabulary) {
     everything.logit_rows = V;  // as many as the vocabulary: all of them
     EXPECT_EQ(Model::load(path, everything)->n_logits(), V);
   }
+}
+
+// A model requantized as it loads (LoadOptions::requant, the draft's --draft-quantization) is the model
+// `serval quantize --allow-requantize --pure` writes: the same tensors converted, the same bytes, and
+// so bitwise the same logits. TinyStories-656K's Q8_0 to Q4_0, and to Q5_0 for a second type.
+TEST(Model, RequantizedAtLoadIsTheRequantizedFile) {
+  const std::string src = test::shared_path("models/TinyStories-656K-Q8_0.gguf");
+  const std::string tok = test::shared_path("models/TinyStories-656K") + "/tokenizer.json";
+  for (const char* type : {"Q4_0", "Q5_0"}) {
+    const auto file = std::filesystem::temp_directory_path() / ("serval-requant-" + std::string(type) + "-" + std::to_string(::getpid()) + ".gguf");
+    QuantizeOptions qo;
+    qo.pure = true, qo.allow_requantize = true;
+    const QuantizeReport report = quantize_file(src, file.string(), parse_file_type(type), qo);
+    const GgufFile in(src), written(file.string());
+    const RequantTensors made(in, parse_tensor_type(type));
+    EXPECT_EQ(int64_t(made.converted()), report.converted) << type;
+    for (const TensorRef& t : written.tensors()) {
+      const TensorRef* m = made.find(t.name);
+      if (!m) {
+        EXPECT_EQ(t.type, in.find_tensor(t.name)->type) << t.name << " kept by one, converted by the other";
+        continue;
+      }
+      ASSERT_EQ(m->type, t.type) << t.name;
+      ASSERT_EQ(m->nbytes, t.nbytes) << t.name;
+      EXPECT_EQ(std::memcmp(m->data, t.data, t.nbytes), 0) << t.name << " " << type;
+    }
+    LoadOptions lo;
+    lo.tokenizer_json = tok;
+    auto from_file = Model::load(file.string(), lo);
+    lo.requant = parse_tensor_type(type);
+    auto at_load = Model::load(src, lo);
+    LoadOptions plain;
+    plain.tokenizer_json = tok;
+    auto original = Model::load(src, plain);
+    const auto tokens = original->tokenizer().encode("Once upon a time, there was a little dog.", true);
+    const auto a = all_logits(*at_load, tokens);
+    EXPECT_EQ(a, all_logits(*from_file, tokens)) << type;
+    EXPECT_NE(a, all_logits(*original, tokens)) << type << ": requantizing must change the logits (else the test is vacuous)";
+    std::filesystem::remove(file);
+  }
+  LoadOptions bad;
+  bad.requant = DType::F8_E4M3;
+  EXPECT_THROW(Model::load(src, bad), Error);
+  bad.requant = DType::Q4_0;
+  bad.dummy = true;
+  EXPECT_THROW(Model::load(src, bad), Error);
 }
 
 // Mean absolute difference of two logit arrays.
