@@ -6,9 +6,9 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/dummy.h"
-#include "model/requant.h"
 #include "model/gpt_oss.h"
 #include "model/model.h"
+#include "model/requant.h"
 #include "tokenizer/load.h"
 
 namespace serval {

@@ -21,6 +21,7 @@ bool quantizable_tensor(const TensorRef& t) {
   if (t.name == "position_embd.weight" || t.name == "token_types.weight") return false;
   return std::none_of(std::begin(kKept), std::end(kKept), [&](const char* k) { return t.name.find(k) != std::string::npos; });
 }
+
 namespace {
 
 constexpr size_t kQk = 32;  // elements per block of the 32-element types
