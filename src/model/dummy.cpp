@@ -1,10 +1,6 @@
 #include "model/dummy.h"
 
-#include <sys/mman.h>
-
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -51,8 +47,6 @@ void normal_row(uint64_t tensor_seed, uint64_t row, float sigma, float* x, int64
   }
 }
 
-size_t align64(size_t n) { return (n + 63) / 64 * 64; }
-
 }  // namespace
 
 void dummy_tensor_bytes(const TensorRef& t, uint64_t seed, uint8_t* out) {
@@ -76,31 +70,10 @@ void dummy_tensor_bytes(const TensorRef& t, uint64_t seed, uint8_t* out) {
   });
 }
 
-DummyTensors::DummyTensors(const GgufFile& header, uint64_t seed) {
-  for (const TensorRef& t : header.tensors()) bytes_ += align64(t.nbytes);
-  if (bytes_ > 0) {
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    check(p != MAP_FAILED, "--load-format dummy: cannot map {} bytes for the weights: {}", bytes_, std::strerror(errno));
-    base_ = static_cast<uint8_t*>(p);
-  }
-  size_t offset = 0;
-  for (const TensorRef& t : header.tensors()) {
-    TensorRef made = t;
-    made.data = base_ + offset;
-    dummy_tensor_bytes(made, seed, base_ + offset);
-    offset += align64(t.nbytes);
-    index_.emplace(made.name, tensors_.size());
-    tensors_.push_back(std::move(made));
-  }
-}
-
-DummyTensors::~DummyTensors() {
-  if (base_) munmap(base_, bytes_);
-}
-
-const TensorRef* DummyTensors::find(const std::string& name) const {
-  const auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &tensors_[it->second];
+std::unique_ptr<MadeTensors> dummy_tensors(const GgufFile& header, uint64_t seed) {
+  const std::vector<TensorRef>& tensors = header.tensors();
+  return std::make_unique<MadeTensors>(
+      tensors, [&](size_t i, uint8_t* out) { dummy_tensor_bytes(tensors[i], seed, out); }, "--load-format dummy");
 }
 
 void export_shape(const std::string& model, const std::string& out, bool full, uint64_t seed) {

@@ -4,11 +4,11 @@
 // Design and use: docs/models.md ("Models without their weights").
 #pragma once
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "io/tensor_ref.h"
+#include "model/made_tensors.h"
 
 namespace serval {
 
@@ -25,22 +25,8 @@ inline constexpr uint64_t kDummySeed = 0;
 // t.nbytes bytes. Throws Error for a type Serval cannot quantize to.
 void dummy_tensor_bytes(const TensorRef& t, uint64_t seed, uint8_t* out);
 
-// Every tensor of a GGUF header made by dummy_tensor_bytes, in one anonymous mapping (pages a
-// repacked matrix gives back are freed).
-class DummyTensors {
- public:
-  DummyTensors(const GgufFile& header, uint64_t seed);
-  ~DummyTensors();
-  DummyTensors(const DummyTensors&) = delete;
-  DummyTensors& operator=(const DummyTensors&) = delete;
-  const TensorRef* find(const std::string& name) const;
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t bytes_ = 0;
-  std::vector<TensorRef> tensors_;
-  std::map<std::string, size_t> index_;
-};
+// Every tensor of a GGUF header made by dummy_tensor_bytes (model/made_tensors.h).
+std::unique_ptr<MadeTensors> dummy_tensors(const GgufFile& header, uint64_t seed);
 
 // `serval export-shape`: the shape file of a GGUF model (its metadata, plus kShapeOnlyKey = true, and
 // its tensor entries; no data: a few MB), or with `full` a whole GGUF whose tensors are those

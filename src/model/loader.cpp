@@ -26,18 +26,18 @@ void set_shard(ModelConfig& c, const LoadOptions& o) {
 }
 
 // A GGUF file; with LoadOptions::dummy its header alone (a shape file or any GGUF), the weights made by
-// DummyTensors instead of read.
+// dummy_tensors() instead of read; with LoadOptions::requant its matrices made by requantized_tensors().
 class GgufModel : public Model {
  public:
   GgufModel(const std::string& path, const LoadOptions& options)
       : file_(path, options.dummy ? GgufFile::Data::Absent : GgufFile::Data::Required),
-        dummy_(options.dummy ? std::make_unique<DummyTensors>(file_, options.dummy_seed) : nullptr) {
+        dummy_(options.dummy ? dummy_tensors(file_, options.dummy_seed) : nullptr) {
     path_ = path;
     config_ = config_from_gguf(file_);
     set_shard(config_, options);
     if (options.requant) {
       check(!options.dummy, "{}: dummy weights are made in the file's own types; requantize the file instead", path);
-      requant_ = std::make_unique<RequantTensors>(file_, *options.requant);
+      requant_ = requantized_tensors(file_, *options.requant);
     }
     auto lookup = [this](const std::string& n) {
       if (dummy_) return dummy_->find(n);
@@ -54,8 +54,8 @@ class GgufModel : public Model {
 
  private:
   GgufFile file_;
-  std::unique_ptr<DummyTensors> dummy_;
-  std::unique_ptr<RequantTensors> requant_;
+  std::unique_ptr<MadeTensors> dummy_;    // every tensor (--load-format dummy)
+  std::unique_ptr<MadeTensors> requant_;  // the converted ones; the rest are the file's
 };
 
 using RenameRules = std::vector<std::pair<std::regex, std::string>>;

@@ -1,10 +1,7 @@
 #include "model/requant.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <vector>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -14,8 +11,6 @@
 
 namespace serval {
 namespace {
-
-size_t padded64(size_t n) { return (n + 63) / 64 * 64; }
 
 // Rows of `in` dequantized to float and quantized as `to` into `out`, rows in parallel.
 void convert(const TensorRef& in, DType to, uint8_t* out) {
@@ -33,40 +28,23 @@ void convert(const TensorRef& in, DType to, uint8_t* out) {
 
 }  // namespace
 
-bool RequantTensors::converts(const TensorRef& t, DType to) {
+bool requantizes(const TensorRef& t, DType to) {
   return t.type != to && quantizable_tensor(t) && t.row_len() % uint64_t(dtype_info(to).block_elems) == 0;
 }
 
-RequantTensors::RequantTensors(const GgufFile& file, DType to) {
+std::unique_ptr<MadeTensors> requantized_tensors(const GgufFile& file, DType to) {
   check(can_quantize_to(to), "cannot requantize a model to {}", dtype_info(to).name);
-  for (const TensorRef& t : file.tensors())
-    if (converts(t, to)) bytes_ += padded64(row_bytes(to, size_t(t.row_len())) * t.n_rows());
-  if (bytes_ > 0) {
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    check(p != MAP_FAILED, "requantizing to {}: cannot map {} bytes: {}", dtype_info(to).name, bytes_, std::strerror(errno));
-    base_ = static_cast<uint8_t*>(p);
-  }
-  size_t offset = 0;
+  std::vector<const TensorRef*> sources;
+  std::vector<TensorRef> made;
   for (const TensorRef& t : file.tensors()) {
-    if (!converts(t, to)) continue;
-    TensorRef made = t;
-    made.type = to;
-    made.data = base_ + offset;
-    made.nbytes = row_bytes(to, size_t(t.row_len())) * t.n_rows();
-    convert(t, to, base_ + offset);
-    offset += padded64(made.nbytes);
-    index_.emplace(made.name, tensors_.size());
-    tensors_.push_back(std::move(made));
+    if (!requantizes(t, to)) continue;
+    sources.push_back(&t);
+    made.push_back(t);
+    made.back().type = to;
+    made.back().nbytes = row_bytes(to, size_t(t.row_len())) * t.n_rows();
   }
-}
-
-RequantTensors::~RequantTensors() {
-  if (base_) munmap(base_, bytes_);
-}
-
-const TensorRef* RequantTensors::find(const std::string& name) const {
-  const auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &tensors_[it->second];
+  return std::make_unique<MadeTensors>(
+      std::move(made), [&](size_t i, uint8_t* out) { convert(*sources[i], to, out); }, "requantizing");
 }
 
 }  // namespace serval

@@ -3,38 +3,21 @@
 // `serval quantize --allow-requantize --pure FILE OUT TYPE` would convert is converted here the same
 // way (each row dequantized to float, then quantize_row), so the bytes equal that file's; tensors whose
 // rows are not whole blocks of the type are kept as they are (where the file command refuses).
-// Design and figures: docs/speculative.md ("the 0.5B in Q4_0 as the draft").
+// Design: docs/models.md ("Requantized as it loads"); figures: docs/speculative.md.
 #pragma once
-#include <cstddef>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <vector>
+#include <memory>
 
 #include "io/tensor_ref.h"
+#include "model/made_tensors.h"
 
 namespace serval {
 
 class GgufFile;
 
-class RequantTensors {
- public:
-  // Throws Error for a type quantize_row cannot write.
-  RequantTensors(const GgufFile& file, DType to);
-  ~RequantTensors();
-  RequantTensors(const RequantTensors&) = delete;
-  RequantTensors& operator=(const RequantTensors&) = delete;
-  // The converted tensor, or null where the file's own stands.
-  const TensorRef* find(const std::string& name) const;
-  size_t converted() const { return tensors_.size(); }
-  // Whether `t` is converted to `to`.
-  static bool converts(const TensorRef& t, DType to);
-
- private:
-  uint8_t* base_ = nullptr;
-  size_t bytes_ = 0;
-  std::vector<TensorRef> tensors_;
-  std::map<std::string, size_t> index_;
-};
+// Whether `t` is converted to `to`.
+bool requantizes(const TensorRef& t, DType to);
+// The converted tensors of `file` (model/made_tensors.h); the others stay the file's. Throws Error for a
+// type quantize_row cannot write.
+std::unique_ptr<MadeTensors> requantized_tensors(const GgufFile& file, DType to);
 
 }  // namespace serval
